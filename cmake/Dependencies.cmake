@@ -1,0 +1,55 @@
+# Every dependency comes from a system package (Debian) or a site installation found on
+# CMAKE_PREFIX_PATH / PKG_CONFIG_PATH (environment modules, Spack). CUDA is never required.
+find_package(PkgConfig REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(Boost 1.74 REQUIRED COMPONENTS program_options unit_test_framework)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(spdlog REQUIRED)
+
+# OpenBLAS: its pkg-config file gives the cblas header location on Debian.
+pkg_check_modules(OPENBLAS IMPORTED_TARGET openblas)
+if(NOT OPENBLAS_FOUND)
+  set(BLA_VENDOR OpenBLAS)
+  find_package(BLAS REQUIRED)
+  add_library(meshtrain_blas INTERFACE)
+  target_link_libraries(meshtrain_blas INTERFACE ${BLAS_LIBRARIES})
+else()
+  add_library(meshtrain_blas INTERFACE)
+  target_link_libraries(meshtrain_blas INTERFACE PkgConfig::OPENBLAS)
+endif()
+
+# SentencePiece: pkg-config on Debian, else a plain library search.
+pkg_check_modules(SENTENCEPIECE IMPORTED_TARGET sentencepiece)
+add_library(meshtrain_sentencepiece INTERFACE)
+if(SENTENCEPIECE_FOUND)
+  target_link_libraries(meshtrain_sentencepiece INTERFACE PkgConfig::SENTENCEPIECE)
+  find_library(SPM_TRAIN_LIB sentencepiece_train HINTS ${SENTENCEPIECE_LIBRARY_DIRS})
+else()
+  find_path(SPM_INCLUDE sentencepiece_processor.h REQUIRED)
+  find_library(SPM_LIB sentencepiece REQUIRED)
+  find_library(SPM_TRAIN_LIB sentencepiece_train REQUIRED)
+  target_include_directories(meshtrain_sentencepiece INTERFACE ${SPM_INCLUDE})
+  target_link_libraries(meshtrain_sentencepiece INTERFACE ${SPM_LIB})
+endif()
+target_link_libraries(meshtrain_sentencepiece INTERFACE ${SPM_TRAIN_LIB})
+
+# Parallel HDF5 (MPI-IO): Debian's hdf5-openmpi pkg-config, else FindHDF5 with the parallel flavour.
+pkg_check_modules(HDF5P IMPORTED_TARGET hdf5-openmpi)
+add_library(meshtrain_hdf5 INTERFACE)
+if(HDF5P_FOUND)
+  target_link_libraries(meshtrain_hdf5 INTERFACE PkgConfig::HDF5P)
+else()
+  set(HDF5_PREFER_PARALLEL TRUE)
+  find_package(HDF5 REQUIRED COMPONENTS C)
+  if(NOT HDF5_IS_PARALLEL)
+    message(FATAL_ERROR "meshtrain needs a parallel (MPI-IO) HDF5; found a serial one at ${HDF5_INCLUDE_DIRS}")
+  endif()
+  target_include_directories(meshtrain_hdf5 INTERFACE ${HDF5_INCLUDE_DIRS})
+  target_link_libraries(meshtrain_hdf5 INTERFACE ${HDF5_LIBRARIES})
+endif()
+target_link_libraries(meshtrain_hdf5 INTERFACE MPI::MPI_C)
+
+find_program(MPIEXEC_BIN NAMES mpirun mpiexec REQUIRED)
+# Debian's Python with torch/h5py/numpy; the first python3 on PATH may be another interpreter.
+find_program(MESHTRAIN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)

@@ -1,0 +1,19 @@
+#pragma once
+/// @file The subcommands of the `meshtrain` binary, one file each (DESIGN.md, app/).
+/// Each takes the arguments after its own name and returns the process exit status.
+
+namespace meshtrain::app {
+
+/// `meshtrain train --deck FILE [--section.key=value ...]` (train_cmd.cpp). Needs MPI.
+int cmd_train(int argc, char** argv);
+/// `meshtrain data prepare --input PATH... --output FILE.h5 [--vocab-size N | --tokenizer FILE.model]`
+/// (data_cmd.cpp). Serial; no MPI launch needed.
+int cmd_data(int argc, char** argv);
+/// `meshtrain deck reference [--markdown]` and `meshtrain deck check --deck FILE --world-size N`
+/// (deck_cmd.cpp). Serial.
+int cmd_deck(int argc, char** argv);
+/// `meshtrain model info --name NAME --flavor FLAVOR [--seq-len T]` (model_cmd.cpp): parameter
+/// count and FLOPs per token of any flavor, large ones included. Serial.
+int cmd_model(int argc, char** argv);
+
+}  // namespace meshtrain::app

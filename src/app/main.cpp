@@ -1,0 +1,55 @@
+// meshtrain: entry point; dispatches to one subcommand (commands.hpp).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "app/commands.hpp"
+#include "util/errors.hpp"
+
+namespace {
+
+void usage(FILE* out) {
+  std::fputs(
+      "usage: meshtrain <command> [options]\n"
+      "  train --deck FILE [--section.key=value ...]   train a model (launch with mpirun / srun)\n"
+      "  data prepare --input PATH... --output FILE.h5 [--vocab-size N | --tokenizer FILE.model]\n"
+      "  deck reference [--markdown]                   every deck key, type, default and meaning\n"
+      "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
+      "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
+      "  layout, ckpt                                  not implemented yet\n",
+      out);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace meshtrain;
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? kExitConfig : kExitOk;
+  }
+  const std::string cmd = argv[1];
+  try {
+    if (cmd == "train") return app::cmd_train(argc - 2, argv + 2);
+    if (cmd == "data") return app::cmd_data(argc - 2, argv + 2);
+    if (cmd == "deck") return app::cmd_deck(argc - 2, argv + 2);
+    if (cmd == "model") return app::cmd_model(argc - 2, argv + 2);
+    if (cmd == "layout" || cmd == "ckpt") {
+      std::fprintf(stderr, "meshtrain %s: not implemented yet\n", cmd.c_str());
+      return kExitConfig;
+    }
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitConfig;
+  } catch (const DataError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshtrain %s: error: %s\n", cmd.c_str(), e.what());
+    return kExitRuntime;
+  }
+  std::fprintf(stderr, "meshtrain: unknown command '%s'\n", cmd.c_str());
+  usage(stderr);
+  return kExitConfig;
+}

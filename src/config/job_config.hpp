@@ -1,0 +1,148 @@
+#pragma once
+/// @file JobConfig: the resolved, typed contents of one input deck plus command-line overrides.
+/// Key names follow TorchTitan's job config (torchtitan/config/job_config.py) so presets port
+/// with little change. The option registry (option_registry.hpp) is the single source of truth
+/// for keys, types, defaults and ranges; this struct is what the rest of meshtrain reads.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/model_args.hpp"
+
+namespace meshtrain {
+
+/// [job]
+struct JobSection {
+  std::string dump_folder;   ///< run output folder; "" means checkpoint/<deck name>/
+  std::string description;   ///< free text, copied into metrics and /meta
+};
+
+/// [model]: name + flavor select a published shape; the other keys override single fields
+/// (a key left unset keeps the flavor's value).
+struct ModelSection {
+  std::string name = "llama3";      ///< llama3 | qwen3
+  std::string flavor = "debugmodel";
+  std::optional<int64_t> dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, head_dim,
+      ffn_hidden_dim;
+  std::optional<double> ffn_dim_multiplier, norm_eps, rope_theta;
+  std::optional<bool> qk_norm, tie_word_embeddings, use_rope_scaling;
+  std::optional<double> rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
+  std::optional<int64_t> rope_original_max_seq_len;
+};
+
+/// [optimizer]
+struct OptimizerSection {
+  std::string name = "AdamW";   ///< only AdamW (decoupled weight decay, Loshchilov & Hutter 2019)
+  double lr = 8e-4;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_embeddings_and_norms = false;  ///< apply weight decay to embeddings and norm weights too
+};
+
+/// [lr_scheduler]: linear warmup, a stable phase, then decay over the last decay_ratio of steps.
+struct LrSchedulerSection {
+  int64_t warmup_steps = 200;
+  std::optional<double> decay_ratio;  ///< unset: decay over all steps after warmup
+  std::string decay_type = "linear";  ///< linear | sqrt | cosine
+  double min_lr_factor = 0.0;         ///< final lr = lr * min_lr_factor
+};
+
+/// [training]
+struct TrainingSection {
+  std::string dataset = "data/brown.h5";  ///< HDF5 token store written by `meshtrain data prepare`
+  int64_t local_batch_size = 8;           ///< samples per rank per micro-batch
+  int64_t global_batch_size = -1;         ///< samples per step over all dp ranks; -1 = local × dp
+  int64_t seq_len = 2048;                 ///< tokens per sample (targets are the next seq_len tokens)
+  double max_norm = 1.0;                  ///< global gradient-norm clip; <= 0 disables
+  int64_t steps = 10000;
+  int64_t seed = 0;
+  std::string mixed_precision_param = "float32";   ///< float32 on CPU; bfloat16 is the CUDA issue
+  std::string mixed_precision_reduce = "float32";
+};
+
+/// [parallelism]: mesh degrees (outer to inner: pp, dp_replicate, dp_shard, cp, tp).
+struct ParallelismSection {
+  int64_t data_parallel_replicate_degree = 1;
+  int64_t data_parallel_shard_degree = -1;  ///< -1 fills world / (other degrees)
+  int64_t tensor_parallel_degree = 1;
+  int64_t pipeline_parallel_degree = 1;
+  int64_t context_parallel_degree = 1;
+  int64_t expert_parallel_degree = 1;
+};
+
+/// [activation_checkpoint]
+struct ActivationCheckpointSection {
+  std::string mode = "none";               ///< none | selective | full
+  std::string selective_ac_option = "2";   ///< integer N: checkpoint every N-th block; "op" not yet
+};
+
+/// [metrics]
+struct MetricsSection {
+  int64_t log_freq = 10;  ///< steps between metric lines (the first and last step always log)
+};
+
+/// [validation]
+struct ValidationSection {
+  bool enable = false;
+  int64_t freq = 500;   ///< steps between validations (and after the last step)
+  int64_t steps = -1;   ///< validation batches per validation; -1 = the whole validation split
+};
+
+/// [checkpoint]: keys reserved for the checkpoint issue; enable = true is rejected until then.
+struct CheckpointSection {
+  bool enable = false;
+  std::string folder = "checkpoints";
+  int64_t interval = 500;
+  int64_t keep_latest_k = 0;
+  int64_t load_step = -1;
+};
+
+/// Degrees after validate(): every -1 resolved, product == world size.
+struct ParallelDims {
+  int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, pp = 1, ep = 1;
+  int64_t dp() const { return dp_replicate * dp_shard; }
+  int64_t world() const { return pp * dp_replicate * dp_shard * cp * tp; }
+};
+
+/// One deck + overrides, typed. Built by load_job_config() (deck_parser.hpp).
+struct JobConfig {
+  JobSection job;
+  ModelSection model;
+  OptimizerSection optimizer;
+  LrSchedulerSection lr_scheduler;
+  TrainingSection training;
+  ParallelismSection parallelism;
+  ActivationCheckpointSection activation_checkpoint;
+  MetricsSection metrics;
+  ValidationSection validation;
+  CheckpointSection checkpoint;
+
+  std::string deck_path;  ///< the deck file as given ("" when built in code)
+  /// "section.key" -> "FILE:LINE" (deck) or "command line" (override), for error messages.
+  std::vector<std::pair<std::string, std::string>> origins;
+
+  /// Where key "section.key" was set: "FILE:LINE", "command line", or the deck path if unset.
+  std::string origin_of(const std::string& dotted_key) const;
+
+  /// The model shape: flavor table entry of (model.name, model.flavor) with [model] overrides.
+  /// @throws ConfigError unknown name/flavor, naming the key's origin.
+  ModelArgs model_args() const;
+
+  /// Checks every cross-key rule for a run on `world_size` ranks and resolves the degrees:
+  /// dp_replicate × dp_shard × cp × tp × pp == world_size (dp_shard = -1 fills),
+  /// n_heads % tp, n_kv_heads % tp, n_heads % n_kv_heads, seq_len % (2·cp) when cp > 1,
+  /// global_batch % (local_batch × dp), num_experts % ep, MoE requires pp = 1; degrees and
+  /// options not implemented yet are rejected with "not implemented yet".
+  /// @throws ConfigError `FILE:LINE: [section] key: what is wrong (rule)`.
+  ParallelDims validate(int64_t world_size) const;
+
+  /// Gradient-accumulation steps per optimizer step: global_batch / (local_batch × dp).
+  int64_t grad_accum_steps(const ParallelDims& dims) const;
+  /// global_batch_size with -1 resolved to local_batch × dp.
+  int64_t global_batch(const ParallelDims& dims) const;
+  /// Resolved output folder: job.dump_folder, or checkpoint/<deck file stem>/.
+  std::string dump_folder() const;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,119 @@
+#include "config/model_args.hpp"
+
+#include <map>
+#include <stdexcept>
+
+namespace meshtrain {
+
+int64_t ModelArgs::ffn_dim() const {
+  if (ffn_hidden_dim > 0) return ffn_hidden_dim;
+  int64_t hidden = 4 * dim;
+  hidden = (2 * hidden) / 3;
+  if (ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(ffn_dim_multiplier * static_cast<double>(hidden));
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+int64_t ModelArgs::num_embedding_params() const { return vocab_size * dim; }
+
+int64_t ModelArgs::num_params() const {
+  const int64_t q = dim * n_heads * head_dim, kv = 2 * dim * n_kv_heads * head_dim;
+  const int64_t o = n_heads * head_dim * dim;
+  const int64_t ffn = 3 * dim * ffn_dim();
+  const int64_t norms = 2 * dim + (qk_norm ? 2 * head_dim : 0);
+  const int64_t per_layer = q + kv + o + ffn + norms;
+  const int64_t output = tie_word_embeddings ? 0 : vocab_size * dim;
+  return num_embedding_params() + n_layers * per_layer + dim + output;
+}
+
+double ModelArgs::flops_per_token(int64_t seq_len) const {
+  const double n = static_cast<double>(num_params() - num_embedding_params());
+  return 6.0 * n + 12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
+}
+
+namespace {
+
+ModelArgs llama3(const char* flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv, double mult,
+                 int64_t multiple_of, int64_t vocab, bool tie, bool scaling, double factor) {
+  ModelArgs a;
+  a.name = "llama3";
+  a.flavor = flavor;
+  a.dim = dim;
+  a.n_layers = layers;
+  a.n_heads = heads;
+  a.n_kv_heads = kv;
+  a.head_dim = dim / heads;
+  a.ffn_dim_multiplier = mult;
+  a.multiple_of = multiple_of;
+  a.vocab_size = vocab;
+  a.tie_word_embeddings = tie;
+  a.use_rope_scaling = scaling;
+  a.rope_scaling_factor = factor;
+  return a;
+}
+
+ModelArgs qwen3(const char* flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t head_dim,
+                int64_t hidden, int64_t vocab, bool tie) {
+  ModelArgs a;
+  a.name = "qwen3";
+  a.flavor = flavor;
+  a.dim = dim;
+  a.n_layers = layers;
+  a.n_heads = heads;
+  a.n_kv_heads = kv;
+  a.head_dim = head_dim;
+  a.ffn_hidden_dim = hidden;
+  a.vocab_size = vocab;
+  a.tie_word_embeddings = tie;
+  a.qk_norm = true;
+  a.rope_theta = 1000000.0;
+  a.norm_eps = 1e-6;
+  return a;
+}
+
+// Shapes from Meta's Llama 3 / 3.1 / 3.2 model cards and Qwen's Qwen3 config.json files.
+const std::map<std::string, std::map<std::string, ModelArgs>>& table() {
+  static const std::map<std::string, std::map<std::string, ModelArgs>> t = {
+      {"llama3",
+       {{"debugmodel", llama3("debugmodel", 256, 6, 16, 16, 0, 256, 2048, false, false, 8)},
+        {"1B", llama3("1B", 2048, 16, 32, 8, 1.5, 256, 128256, true, true, 32)},
+        {"3B", llama3("3B", 3072, 28, 24, 8, 1.0, 256, 128256, true, true, 32)},
+        {"8B", llama3("8B", 4096, 32, 32, 8, 1.3, 1024, 128256, false, true, 8)},
+        {"70B", llama3("70B", 8192, 80, 64, 8, 1.3, 4096, 128256, false, true, 8)},
+        {"405B", llama3("405B", 16384, 126, 128, 8, 1.2, 4096, 128256, false, true, 8)}}},
+      {"qwen3",
+       {{"debugmodel", qwen3("debugmodel", 256, 6, 16, 8, 16, 768, 2048, false)},
+        {"0.6B", qwen3("0.6B", 1024, 28, 16, 8, 128, 3072, 151936, true)},
+        {"1.7B", qwen3("1.7B", 2048, 28, 16, 8, 128, 6144, 151936, true)},
+        {"4B", qwen3("4B", 2560, 36, 32, 8, 128, 9728, 151936, true)},
+        {"8B", qwen3("8B", 4096, 36, 32, 8, 128, 12288, 151936, false)},
+        {"14B", qwen3("14B", 5120, 40, 40, 8, 128, 17408, 151936, false)},
+        {"32B", qwen3("32B", 5120, 64, 64, 8, 128, 25600, 151936, false)}}},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> out;
+  for (const auto& [k, _] : table()) out.push_back(k);
+  return out;
+}
+
+std::vector<std::string> model_flavors(const std::string& name) {
+  std::vector<std::string> out;
+  auto it = table().find(name);
+  if (it == table().end()) return out;
+  for (const auto& [k, _] : it->second) out.push_back(k);
+  return out;
+}
+
+ModelArgs model_flavor(const std::string& name, const std::string& flavor) {
+  auto it = table().find(name);
+  if (it == table().end()) throw std::out_of_range("unknown model name '" + name + "'");
+  auto f = it->second.find(flavor);
+  if (f == it->second.end()) throw std::out_of_range("unknown flavor '" + flavor + "' of model '" + name + "'");
+  return f->second;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,53 @@
+#pragma once
+/// @file ModelArgs: the shape of a Llama-3-style decoder, and the table of published flavors.
+/// Lives in config/ (not model/) because validate(world_size) needs head counts before any
+/// model is built; model/ turns ModelArgs into layers (doc/architecture.md).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+/// Shape of one decoder model. Dimensions in elements; counts are per model.
+struct ModelArgs {
+  std::string name = "llama3";  ///< family: llama3 | qwen3
+  std::string flavor = "debugmodel";
+  int64_t dim = 256;            ///< model width D
+  int64_t n_layers = 6;
+  int64_t n_heads = 16;
+  int64_t n_kv_heads = 16;      ///< grouped-query attention when < n_heads
+  int64_t head_dim = 16;        ///< per-head width (dim / n_heads for Llama; explicit for Qwen3)
+  int64_t vocab_size = 2048;
+  int64_t multiple_of = 256;    ///< FFN hidden size rounded up to a multiple of this
+  double ffn_dim_multiplier = 0;  ///< 0 = none
+  int64_t ffn_hidden_dim = 0;   ///< explicit FFN width (Qwen3); 0 = derived from dim (see ffn_dim())
+  double norm_eps = 1e-5;
+  double rope_theta = 500000.0;
+  bool use_rope_scaling = false;  ///< Llama 3.1 frequency scaling
+  double rope_scaling_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_seq_len = 8192;
+  bool qk_norm = false;           ///< Qwen3 per-head RMSNorm on q and k
+  bool tie_word_embeddings = false;
+
+  /// FFN hidden width H. Llama (Meta's reference model.py): H = 2·(4D)/3, times
+  /// ffn_dim_multiplier if set, rounded up to multiple_of; or ffn_hidden_dim when given.
+  int64_t ffn_dim() const;
+  /// Parameter count of the whole model (embedding and output counted once each; once if tied).
+  int64_t num_params() const;
+  /// Parameters of the token embedding (vocab × D).
+  int64_t num_embedding_params() const;
+  /// Training FLOPs per token for sequences of `seq_len` tokens:
+  /// 6·(N − N_embedding) + 12·n_layers·n_heads·head_dim·seq_len (Kaplan et al. 2020, eq. 2.1
+  /// with the attention term as in PaLM, Chowdhery et al. 2022, appendix B; as used by TorchTitan).
+  double flops_per_token(int64_t seq_len) const;
+};
+
+/// The published flavors of `name` (llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3:
+/// debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).
+std::vector<std::string> model_flavors(const std::string& name);
+/// The known model families ("llama3", "qwen3").
+std::vector<std::string> model_names();
+/// Looks up a flavor. @throws std::out_of_range for an unknown name or flavor.
+ModelArgs model_flavor(const std::string& name, const std::string& flavor);
+
+}  // namespace meshtrain
