@@ -1,0 +1,65 @@
+#pragma once
+/// @file Communicator: the collectives of one group of ranks (one mesh dimension or derived
+/// group), each asynchronous, returning a Work handle (DESIGN.md, Core interfaces).
+/// MpiCommunicator implements it with non-blocking MPI; NcclCommunicator (CUDA issue) with
+/// stream-ordered NCCL. Tensors are contiguous f32 unless stated; sizes in elements.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtrain {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+/// Handle of one in-flight collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the collective completed. @throws CommError on failure.
+  virtual void wait() = 0;
+  /// Non-blocking completion check; also drives MPI progress. @throws CommError.
+  virtual bool test() = 0;
+};
+
+/// Collectives on which byte counters are kept (bytes this rank sends, for perf/comm_volume).
+enum class CollectiveKind : int { kAllReduce = 0, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kAllToAll, kCount };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Name of the dimension or group ("dp_replicate", "world", ...), used in error messages.
+  virtual const std::string& name() const = 0;
+
+  /// In-place all-reduce of t over the group.
+  virtual std::unique_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) = 0;
+  /// out [n] = the reduction over ranks of block `rank` of in [size · n].
+  virtual std::unique_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) = 0;
+  /// out [size · n] = the concatenation of every rank's in [n], in rank order.
+  virtual std::unique_ptr<Work> all_gather(const Tensor& in, const Tensor& out) = 0;
+  /// t on every rank := t on `root`.
+  virtual std::unique_ptr<Work> broadcast(const Tensor& t, int root) = 0;
+  virtual std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) = 0;
+  /// in, out [size · n]: block j of `in` goes to rank j, block i of `out` comes from rank i.
+  virtual std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) = 0;
+  virtual void barrier() = 0;
+
+  /// Blocking fp64 all-reduce of a few host scalars (loss sums, token counts, norms).
+  virtual void all_reduce_host(double* values, int n, ReduceOp op) = 0;
+
+  /// Bytes this rank has sent per collective kind since construction, counted as the standard
+  /// ring-algorithm volume: all-reduce 2·S·(N−1)/N, reduce-scatter and all-gather S·(N−1)/N,
+  /// broadcast S (root) — the formulas of ../shared/reference (bytes).
+  const std::array<int64_t, int(CollectiveKind::kCount)>& bytes_sent() const { return bytes_; }
+
+ protected:
+  void count(CollectiveKind k, int64_t bytes) { bytes_[int(k)] += bytes; }
+  std::array<int64_t, int(CollectiveKind::kCount)> bytes_{};
+};
+
+}  // namespace meshtrain

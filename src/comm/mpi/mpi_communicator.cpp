@@ -1,0 +1,166 @@
+#include "comm/mpi/mpi_communicator.hpp"
+
+#include <unistd.h>
+
+#include <stdexcept>
+
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+void check(int rc, const char* what, const std::string& group) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  throw CommError(std::string(what) + " on group '" + group + "' failed: " + std::string(msg, len));
+}
+
+MPI_Datatype mpi_type(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kBF16: return MPI_UINT16_T;  // moved, never reduced, through MPI
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(MPI_Request req, const char* what, const std::string& group) : req_(req), what_(what), group_(group) {}
+  ~MpiWork() override {
+    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave a buffer in flight
+  }
+  void wait() override { check(MPI_Wait(&req_, MPI_STATUS_IGNORE), what_, group_); }
+  bool test() override {
+    int done = 0;
+    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what_, group_);
+    return done != 0;
+  }
+
+ private:
+  MPI_Request req_;
+  const char* what_;
+  std::string group_;
+};
+
+}  // namespace
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(name, &len);
+  host_.assign(name, len);
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void MpiRuntime::abort_job(int status) {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) MPI_Abort(MPI_COMM_WORLD, status);
+  _exit(status);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : name_(std::move(name)) {
+  check(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup", name_);
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, const std::string& name) const {
+  MPI_Comm sub;
+  check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name);
+  auto out = std::make_unique<MpiCommunicator>(sub, name);
+  MPI_Comm_free(&sub);
+  return out;
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_reduce(const Tensor& t, ReduceOp op) {
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), int(t.numel()), mpi_type(t), mpi_op(op), comm_, &r), "all_reduce", name_);
+  count(CollectiveKind::kAllReduce, int64_t(2 * t.nbytes() * (size_ - 1) / size_));
+  return std::make_unique<MpiWork>(r, "all_reduce", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
+  if (in.numel() != out.numel() * size_) throw std::invalid_argument("reduce_scatter: in must be size × out");
+  MPI_Request r;
+  check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(out.numel()), mpi_type(in), mpi_op(op), comm_, &r),
+        "reduce_scatter", name_);
+  count(CollectiveKind::kReduceScatter, int64_t(in.nbytes() * (size_ - 1) / size_));
+  return std::make_unique<MpiWork>(r, "reduce_scatter", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_gather(const Tensor& in, const Tensor& out) {
+  if (out.numel() != in.numel() * size_) throw std::invalid_argument("all_gather: out must be size × in");
+  MPI_Request r;
+  check(MPI_Iallgather(in.raw(), int(in.numel()), mpi_type(in), out.raw(), int(in.numel()), mpi_type(out), comm_, &r),
+        "all_gather", name_);
+  count(CollectiveKind::kAllGather, int64_t(out.nbytes() * (size_ - 1) / size_));
+  return std::make_unique<MpiWork>(r, "all_gather", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::broadcast(const Tensor& t, int root) {
+  MPI_Request r;
+  check(MPI_Ibcast(t.raw(), int(t.numel()), mpi_type(t), root, comm_, &r), "broadcast", name_);
+  if (rank_ == root) count(CollectiveKind::kBroadcast, int64_t(t.nbytes()));
+  return std::make_unique<MpiWork>(r, "broadcast", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::send(const Tensor& t, int peer, int tag) {
+  MPI_Request r;
+  check(MPI_Isend(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "send", name_);
+  count(CollectiveKind::kSendRecv, int64_t(t.nbytes()));
+  return std::make_unique<MpiWork>(r, "send", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::recv(const Tensor& t, int peer, int tag) {
+  MPI_Request r;
+  check(MPI_Irecv(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "recv", name_);
+  return std::make_unique<MpiWork>(r, "recv", name_);
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_to_all(const Tensor& in, const Tensor& out) {
+  if (in.numel() != out.numel() || in.numel() % size_) throw std::invalid_argument("all_to_all: sizes");
+  MPI_Request r;
+  const int n = int(in.numel() / size_);
+  check(MPI_Ialltoall(in.raw(), n, mpi_type(in), out.raw(), n, mpi_type(out), comm_, &r), "all_to_all", name_);
+  count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
+  return std::make_unique<MpiWork>(r, "all_to_all", name_);
+}
+
+void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "barrier", name_); }
+
+void MpiCommunicator::all_reduce_host(double* values, int n, ReduceOp op) {
+  check(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), comm_), "all_reduce_host", name_);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,58 @@
+#pragma once
+/// @file MpiCommunicator: Communicator over one MPI communicator with non-blocking MPI
+/// collectives (MPI-3 MPI_Iallreduce etc.), and MpiRuntime, the process-wide MPI init/finalize.
+#include <mpi.h>
+
+#include <string>
+
+#include "comm/communicator.hpp"
+
+namespace meshtrain {
+
+/// RAII MPI_Init_thread / MPI_Finalize. Errors return codes (MPI_ERRORS_RETURN) so they become
+/// CommError exceptions that name the collective and group.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+  const std::string& host() const { return host_; }
+  /// Ends the whole job (every rank) with `status`: used when one rank fails so none hang.
+  [[noreturn]] static void abort_job(int status);
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::string host_;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  /// Wraps `comm` (duplicated, freed on destruction) under the group name `name`.
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+  /// The communicator of the ranks sharing `color`, ordered by `key` (MPI_Comm_split).
+  std::unique_ptr<MpiCommunicator> split(int color, int key, const std::string& name) const;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  MPI_Comm comm() const { return comm_; }
+
+  std::unique_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override;
+  std::unique_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override;
+  std::unique_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override;
+  std::unique_ptr<Work> broadcast(const Tensor& t, int root) override;
+  std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override;
+  std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) override;
+  std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
+  void barrier() override;
+  void all_reduce_host(double* values, int n, ReduceOp op) override;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace meshtrain

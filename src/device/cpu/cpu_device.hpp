@@ -1,0 +1,56 @@
+#pragma once
+/// @file CpuDevice: the fp32 reference backend. Matmuls through OpenBLAS (cblas_sgemm), other
+/// kernels threaded with OpenMP using static schedules and fixed-order reductions, so a run is
+/// bitwise reproducible for a given thread count.
+#include "device/device.hpp"
+
+namespace meshtrain {
+
+class CpuDevice final : public Device {
+ public:
+  /// threads: OpenMP and OpenBLAS threads of this rank (>= 1).
+  explicit CpuDevice(int threads);
+  std::string name() const override { return "cpu"; }
+  Allocator* allocator() override { return &alloc_; }
+  /// Measured once: best of a few 1024³ sgemm calls with this rank's threads (FLOP/s).
+  double peak_flops(bool* measured) override;
+  int threads() const { return threads_; }
+
+  void upload(const Tensor& dst, const void* host, size_t bytes) override;
+  void download(void* host, const Tensor& src, size_t bytes) override;
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+              float beta) override;
+  void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) override;
+  void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw) override;
+  void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                         float scale) override;
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override;
+  void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
+                       const Tensor& db) override;
+  double cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& dlogits, float grad_scale) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+             const AdamWParams& p) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(const Tensor& x, float alpha) override;
+  void add(const Tensor& y, const Tensor& x, float alpha) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& x, float value) override;
+
+ private:
+  int threads_;
+  CachingAllocator alloc_;
+  double peak_flops_ = 0;
+};
+
+/// Sums `n` values in fixed-size blocks in a fixed order, so the result does not depend on the
+/// number of threads (used by every CPU reduction that feeds the loss or the gradient norm).
+double deterministic_sum(const double* v, int64_t n);
+
+}  // namespace meshtrain

@@ -1,0 +1,115 @@
+// CPU kernels: embedding, RMSNorm, RoPE.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "device/cpu/cpu_device.hpp"
+
+namespace meshtrain {
+
+void CpuDevice::embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) {
+  const int64_t n = tokens.numel(), d = weight.dim(1), v = weight.dim(0);
+  const int32_t* tok = tokens.i32();
+  const float* w = weight.f32();
+  float* o = out.f32();
+  for (int64_t i = 0; i < n; ++i)
+    if (tok[i] < 0 || tok[i] >= v) throw std::out_of_range("token id " + std::to_string(tok[i]) + " outside vocab " + std::to_string(v));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * d, w + int64_t(tok[i]) * d, sizeof(float) * d);
+}
+
+void CpuDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) {
+  const int64_t n = tokens.numel(), d = grad_weight.dim(1);
+  const int32_t* tok = tokens.i32();
+  const float* g = grad_out.f32();
+  float* gw = grad_weight.f32();
+  // Threads own disjoint column slices, so rows hit by repeated tokens never race and the
+  // accumulation order (token order) is fixed.
+#pragma omp parallel
+  {
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t c0 = d * t / nt, c1 = d * (t + 1) / nt;
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = gw + int64_t(tok[i]) * d;
+      const float* src = g + i * d;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  }
+}
+
+void CpuDevice::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  if (w.numel() != d) throw std::invalid_argument("rmsnorm weight " + shape_str(w.shape()) + " vs x " + shape_str(x.shape()));
+  const float *xp = x.f32(), *wp = w.f32();
+  float *yp = y.f32(), *rp = rstd.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* xr = xp + i * d;
+    float ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < d; ++c) ss += xr[c] * xr[c];
+    const float r = 1.0f / std::sqrt(ss / float(d) + eps);
+    rp[i] = r;
+    float* yr = yp + i * d;
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) yr[c] = xr[c] * r * wp[c];
+  }
+}
+
+void CpuDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                 const Tensor& dx, const Tensor& dw) {
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  const float *dyp = dy.f32(), *xp = x.f32(), *wp = w.f32(), *rp = rstd.f32();
+  float *dxp = dx.f32(), *dwp = dw.f32();
+  const int nt = threads_;
+  std::vector<float> partial(size_t(nt) * d, 0.0f);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    float* pw = partial.data() + size_t(t) * d;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float *g = dyp + i * d, *xr = xp + i * d;
+      const float r = rp[i];
+      float dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < d; ++c) dot += g[c] * wp[c] * xr[c];
+      const float k = r * r * r * dot / float(d);
+      float* o = dxp + i * d;
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) {
+        o[c] = r * g[c] * wp[c] - k * xr[c];
+        pw[c] += g[c] * xr[c] * r;
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t)  // fixed order: deterministic for a given thread count
+    for (int64_t c = 0; c < d; ++c) dwp[c] += partial[size_t(t) * d + c];
+}
+
+void CpuDevice::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
+  const int64_t b = x.dim(0), t = x.dim(1), h = x.dim(2), dh = x.dim(3), half = dh / 2;
+  if (cos.dim(0) < t || cos.dim(1) != half) throw std::invalid_argument("rope table " + shape_str(cos.shape()) + " for x " + shape_str(x.shape()));
+  float* xp = x.f32();
+  const float *cp = cos.f32(), *sp = sin.f32();
+  const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const float *c = cp + ti * half, *s = sp + ti * half;
+      for (int64_t hi = 0; hi < h; ++hi) {
+        float* v = xp + ((bi * t + ti) * h + hi) * dh;
+        for (int64_t j = 0; j < half; ++j) {
+          const float a = v[2 * j], bb = v[2 * j + 1], sn = sign * s[j];
+          v[2 * j] = a * c[j] - bb * sn;
+          v[2 * j + 1] = a * sn + bb * c[j];
+        }
+      }
+    }
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,111 @@
+#pragma once
+/// @file Device: memory (a caching allocator with per-category accounting) and one method per
+/// kernel family. CpuDevice (fp32, OpenBLAS, OpenMP) is the reference; CudaDevice (bf16 + fp32
+/// master, cuBLASLt, own kernels) implements the same interface. Code above device/ never
+/// branches on the backend. Unless stated, tensors are f32, contiguous, and outputs are
+/// overwritten; "accumulates" means += into the output.
+#include <memory>
+#include <string>
+
+#include "tensor/tensor.hpp"
+
+namespace meshtrain {
+
+/// Hyper-parameters of one AdamW update (Loshchilov & Hutter 2019, Algorithm 2, as in
+/// torch.optim.AdamW): p -= lr·wd·p; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
+/// p -= (lr / (1−β1^t)) · m / (sqrt(v / (1−β2^t)) + eps).
+struct AdamWParams {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;  ///< t, counting from 1
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  /// The caching allocator of this device; every Tensor on it comes from here.
+  virtual Allocator* allocator() = 0;
+  /// Waits for all queued work (CPU: nothing to wait for).
+  virtual void synchronize() {}
+  /// Peak fp32/bf16 FLOP/s of this device for MFU; `measured` says whether it was measured
+  /// (CPU: sgemm calibration) or taken from a datasheet table.
+  virtual double peak_flops(bool* measured) = 0;
+
+  Tensor empty(const Shape& s, DType d, MemCategory c) { return Tensor::empty(allocator(), s, d, c); }
+  Tensor zeros(const Shape& s, DType d, MemCategory c) {
+    Tensor t = empty(s, d, c);
+    fill(t, 0.0f);
+    return t;
+  }
+
+  // ---- host transfers ----
+  /// Copies `bytes` from host memory into dst (any dtype).
+  virtual void upload(const Tensor& dst, const void* host, size_t bytes) = 0;
+  /// Copies `bytes` of src into host memory.
+  virtual void download(void* host, const Tensor& src, size_t bytes) = 0;
+
+  // ---- dense algebra ----
+  /// C[M, N] = alpha · op(A) · op(B) + beta · C, with op(X) = X or Xᵀ; A, B, C 2-D.
+  /// @throws std::invalid_argument on mismatched shapes.
+  virtual void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+                      float beta) = 0;
+
+  // ---- model kernels ----
+  /// out[N, D] = weight[tokens[n], :]; weight [V, D], tokens i32 [N].
+  virtual void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) = 0;
+  /// grad_weight[V, D] accumulates grad_out[n, :] into row tokens[n].
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) = 0;
+  /// RMSNorm over the last dim (Zhang & Sennrich 2019): y = x · rstd · w, rstd[n] =
+  /// 1/sqrt(mean(x[n]²) + eps); x, y [N, D], w [D], rstd [N] (saved for backward).
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) = 0;
+  /// dx[N, D] overwritten; dw[D] accumulates.
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& dx, const Tensor& dw) = 0;
+  /// Rotary embedding in place on x [B, T, H, Dh], pairs (2j, 2j+1) rotated by angle θ[t, j]
+  /// (Su et al. 2021; Meta's interleaved layout); cos, sin [T, Dh/2]. inverse = rotate by −θ
+  /// (the backward pass, since the map is orthogonal).
+  virtual void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) = 0;
+  /// Causal grouped-query attention, flash style (Dao et al. 2022): q [B, T, Hq, Dh],
+  /// k, v [B, T, Hkv, Dh], out [B, T, Hq, Dh], lse [B, Hq, T] log-sum-exp of scaled scores
+  /// (saved for backward). Query head h reads kv head h / (Hq / Hkv). scale = 1/sqrt(Dh).
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const Tensor& lse, float scale) = 0;
+  /// Gradients of attention_forward: dq overwritten [B, T, Hq, Dh], dk, dv overwritten
+  /// [B, T, Hkv, Dh]; recomputes probabilities from q, k and lse.
+  virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
+                                  const Tensor& dk, const Tensor& dv) = 0;
+  /// SwiGLU (Shazeer 2020): y = silu(a) ⊙ b; a, b, y [N, H].
+  virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
+  /// da, db [N, H] overwritten.
+  virtual void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
+                               const Tensor& db) = 0;
+  /// Cross-entropy of logits [N, V] against targets i32 [N]: returns Σ_n (lse_n − logit[n, t_n])
+  /// in nats (fp64 sum). When dlogits [N, V] is defined it is overwritten with
+  /// grad_scale · (softmax − onehot), fusing the backward so probabilities are never stored.
+  /// @throws std::out_of_range for a target outside [0, V).
+  virtual double cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
+                               float grad_scale) = 0;
+
+  // ---- optimizer and reductions ----
+  /// One AdamW step on flat tensors of equal numel (param, grad, exp_avg, exp_avg_sq).
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                     const AdamWParams& p) = 0;
+  /// Σ x² in fp64 (for the global gradient norm).
+  virtual double sum_squares(const Tensor& x) = 0;
+  /// x *= alpha.
+  virtual void scale(const Tensor& x, float alpha) = 0;
+  /// y += alpha · x (equal numel).
+  virtual void add(const Tensor& y, const Tensor& x, float alpha) = 0;
+  /// dst = src (equal numel and dtype).
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  /// x = value (f32), or zero bytes for other dtypes when value == 0.
+  virtual void fill(const Tensor& x, float value) = 0;
+};
+
+/// Creates the device named `kind` ("cpu"; "cuda" once the CUDA backend exists) for this rank.
+/// `threads` = OpenMP/BLAS threads for the CPU device (0 = OMP_NUM_THREADS or all cores).
+/// @throws std::invalid_argument for an unknown or unavailable kind.
+std::unique_ptr<Device> make_device(const std::string& kind, int threads = 0);
+
+}  // namespace meshtrain

@@ -1,0 +1,17 @@
+#pragma once
+/// @file Layout-independent parameter initialization.
+#include <cstdint>
+
+#include "model/parameter.hpp"
+
+namespace meshtrain {
+
+/// Value of element `global_index` of `p` under `seed`, per p.init: ones, N(0, std), or
+/// N(0, std) truncated at ±bound·std by resampling (util/rng.hpp). Pure function.
+float init_value(const Parameter& p, uint64_t seed, uint64_t name_hash, int64_t global_index);
+
+/// Fills `host` [count] with elements [first, first + count) of parameter p's global flat
+/// index space (a shard fills only its own range).
+void init_range(const Parameter& p, uint64_t seed, int64_t first, int64_t count, float* host);
+
+}  // namespace meshtrain

@@ -1,0 +1,60 @@
+#pragma once
+/// @file Layer: the node type of the graph of layers. A layer owns named parameters; forward
+/// saves what backward needs on a SavedTensors stack the executor owns; backward pops it in
+/// reverse order and accumulates parameter gradients (DESIGN.md, Core interfaces).
+#include <string>
+#include <vector>
+
+#include "device/device.hpp"
+#include "model/parameter.hpp"
+
+namespace meshtrain {
+
+/// LIFO of activations saved by forward for backward. With `discard` set (activation
+/// checkpointing), pushes are dropped and the executor recomputes forward before backward.
+class SavedTensors {
+ public:
+  void push(const Tensor& t) {
+    if (!discard_) stack_.push_back(t);
+  }
+  /// @throws std::logic_error when empty (a backward without its forward).
+  Tensor pop();
+  void clear() { stack_.clear(); }
+  bool empty() const { return stack_.empty(); }
+  void set_discard(bool d) { discard_ = d; }
+  bool discard() const { return discard_; }
+
+ private:
+  std::vector<Tensor> stack_;
+  bool discard_ = false;
+};
+
+/// Inputs and outputs of one micro-batch shared by all layers of the graph.
+struct StepContext {
+  Device* dev = nullptr;
+  int64_t batch = 0;         ///< B, samples in this micro-batch
+  int64_t seq_len = 0;       ///< T
+  Tensor tokens;             ///< i32 [B·T] inputs
+  Tensor targets;            ///< i32 [B·T] next tokens
+  Tensor rope_cos, rope_sin; ///< [T, head_dim/2]
+  float loss_grad_scale = 0; ///< d(loss)/d(per-token CE): 1 / global target tokens
+  bool need_backward = true; ///< false for validation (no gradients, nothing saved)
+  double loss_sum = 0;       ///< output: Σ CE over this micro-batch's targets (nats)
+  int64_t num_targets = 0;   ///< output: targets counted in loss_sum
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  virtual const std::string& name() const = 0;
+  /// Parameters owned by this layer (and its sub-layers), in a fixed order.
+  virtual std::vector<Parameter*> parameters() = 0;
+  /// in/out shapes depend on the layer: embedding tokens → [B·T, D]; block [B·T, D] → [B·T, D];
+  /// output head [B·T, D] → scalar loss (also in ctx.loss_sum).
+  virtual Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& in) = 0;
+  /// Gradient w.r.t. `in` from the gradient w.r.t. the output (empty for the head and the
+  /// embedding). Accumulates into parameter grads.
+  virtual Tensor backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) = 0;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,104 @@
+#include "model/layers/attention.hpp"
+
+#include <cmath>
+
+#include "model/layers/primitives.hpp"
+
+namespace meshtrain {
+
+namespace {
+Parameter make_param(const std::string& name, Shape shape, InitSpec init, bool decay = true) {
+  Parameter p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.init = init;
+  p.weight_decay = decay;
+  return p;
+}
+}  // namespace
+
+Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix)
+    : name_(prefix + "attention"),
+      n_heads_(a.n_heads),
+      n_kv_heads_(a.n_kv_heads),
+      head_dim_(a.head_dim),
+      qk_norm_(a.qk_norm),
+      norm_eps_(float(a.norm_eps)) {
+  // TorchTitan's depth-scaled init: output projections use std 0.02 / sqrt(2·(layer_id + 1)).
+  const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
+  const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
+  const InitSpec ones{InitSpec::Kind::kOnes, 0, 0};
+  wq = make_param(name_ + ".wq.weight", {a.n_heads * a.head_dim, a.dim}, base);
+  wk = make_param(name_ + ".wk.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
+  wv = make_param(name_ + ".wv.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
+  wo = make_param(name_ + ".wo.weight", {a.dim, a.n_heads * a.head_dim}, depth);
+  if (qk_norm_) {
+    q_norm = make_param(name_ + ".q_norm.weight", {a.head_dim}, ones, false);
+    k_norm = make_param(name_ + ".k_norm.weight", {a.head_dim}, ones, false);
+  }
+}
+
+std::vector<Parameter*> Attention::parameters() {
+  std::vector<Parameter*> out{&wq, &wk, &wv, &wo};
+  if (qk_norm_) {
+    out.push_back(&q_norm);
+    out.push_back(&k_norm);
+  }
+  return out;
+}
+
+Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
+                             int64_t heads) {
+  Device& dev = *ctx.dev;
+  Tensor y = linear_forward(dev, x, w);
+  if (qk_norm_) y = rmsnorm_forward(dev, saved, y.reshape({y.numel() / head_dim_, head_dim_}), norm, norm_eps_);
+  Tensor y4 = y.reshape({ctx.batch, ctx.seq_len, heads, head_dim_});
+  dev.rope(y4, ctx.rope_cos, ctx.rope_sin, false);
+  return y4;
+}
+
+Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
+  Device& dev = *ctx.dev;
+  const int64_t n = x.dim(0);
+  Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
+  Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
+  Tensor v = linear_forward(dev, x, wv).reshape({ctx.batch, ctx.seq_len, n_kv_heads_, head_dim_});
+  Tensor o = dev.empty(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
+  const float scale = 1.0f / std::sqrt(float(head_dim_));
+  dev.attention_forward(q, k, v, o, lse, scale);
+  Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
+  Tensor out = linear_forward(dev, o2, wo);
+  for (const Tensor& t : {x, q, k, v, o, lse}) saved.push(t);
+  return out;
+}
+
+Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm,
+                                      int64_t heads) {
+  Device& dev = *ctx.dev;
+  dev.rope(dq, ctx.rope_cos, ctx.rope_sin, true);  // RoPE is orthogonal: its adjoint is the inverse rotation
+  Tensor d2 = dq.reshape({dq.numel() / head_dim_, head_dim_});
+  if (qk_norm_) d2 = rmsnorm_backward(dev, saved, d2, norm);
+  return d2.reshape({ctx.batch * ctx.seq_len, heads * head_dim_});
+}
+
+Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
+  Device& dev = *ctx.dev;
+  Tensor lse = saved.pop(), o = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop(), x = saved.pop();
+  const int64_t n = x.dim(0);
+  Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
+  Tensor d_o = linear_backward(dev, dout, o2, wo).reshape(q.shape());
+  Tensor dq = dev.empty(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor dk = dev.empty(k.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor dv = dev.empty(v.shape(), DType::kF32, MemCategory::kActivations);
+  dev.attention_backward(d_o, q, k, v, o, lse, 1.0f / std::sqrt(float(head_dim_)), dq, dk, dv);
+  // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
+  Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);
+  Tensor dq2 = project_qk_backward(ctx, saved, dq, q_norm, n_heads_);
+  Tensor dx = linear_backward(dev, dq2, x, wq);
+  linear_backward(dev, dk2, x, wk, &dx);
+  linear_backward(dev, dv.reshape({n, n_kv_heads_ * head_dim_}), x, wv, &dx);
+  return dx;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,31 @@
+#pragma once
+/// @file Attention: grouped-query causal self-attention with RoPE and optional Qwen3 q/k norm.
+#include "config/model_args.hpp"
+#include "model/layer.hpp"
+
+namespace meshtrain {
+
+/// wq [Hq·Dh, D], wk, wv [Hkv·Dh, D], wo [D, Hq·Dh]; q_norm, k_norm [Dh] when qk_norm.
+/// forward: x [B·T, D] (already normed) → [B·T, D].
+class Attention final : public Layer {
+ public:
+  Attention(const ModelArgs& args, int layer_id, const std::string& prefix);
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override;
+  Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;
+  Tensor backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) override;
+
+  Parameter wq, wk, wv, wo, q_norm, k_norm;
+
+ private:
+  /// Projects x, applies q/k norm (Qwen3) and RoPE; pushes what backward needs.
+  Tensor project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
+                    int64_t heads);
+  Tensor project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm, int64_t heads);
+  std::string name_;
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+  bool qk_norm_;
+  float norm_eps_;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,41 @@
+#include "model/layers/feed_forward.hpp"
+
+#include <cmath>
+
+#include "model/layers/primitives.hpp"
+
+namespace meshtrain {
+
+FeedForward::FeedForward(const ModelArgs& a, int layer_id, const std::string& prefix) : name_(prefix + "feed_forward") {
+  const int64_t h = a.ffn_dim();
+  const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
+  const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
+  w1 = Parameter{name_ + ".w1.weight", {h, a.dim}, {}, {}, base};
+  w2 = Parameter{name_ + ".w2.weight", {a.dim, h}, {}, {}, depth};
+  w3 = Parameter{name_ + ".w3.weight", {h, a.dim}, {}, {}, depth};
+}
+
+Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
+  Device& dev = *ctx.dev;
+  Tensor a = linear_forward(dev, x, w1);
+  Tensor b = linear_forward(dev, x, w3);
+  Tensor h = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
+  dev.swiglu_forward(a, b, h);
+  Tensor out = linear_forward(dev, h, w2);
+  for (const Tensor& t : {x, a, b, h}) saved.push(t);
+  return out;
+}
+
+Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
+  Device& dev = *ctx.dev;
+  Tensor h = saved.pop(), b = saved.pop(), a = saved.pop(), x = saved.pop();
+  Tensor dh = linear_backward(dev, dout, h, w2);
+  Tensor da = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor db = dev.empty(b.shape(), DType::kF32, MemCategory::kActivations);
+  dev.swiglu_backward(dh, a, b, da, db);
+  Tensor dx = linear_backward(dev, da, x, w1);
+  linear_backward(dev, db, x, w3, &dx);
+  return dx;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,23 @@
+#pragma once
+/// @file FeedForward: SwiGLU MLP, out = w2(silu(w1·x) ⊙ w3·x) (Shazeer 2020; Llama).
+#include "config/model_args.hpp"
+#include "model/layer.hpp"
+
+namespace meshtrain {
+
+/// w1, w3 [H, D], w2 [D, H] with H = ModelArgs::ffn_dim(). forward: [B·T, D] → [B·T, D].
+class FeedForward final : public Layer {
+ public:
+  FeedForward(const ModelArgs& args, int layer_id, const std::string& prefix);
+  const std::string& name() const override { return name_; }
+  std::vector<Parameter*> parameters() override { return {&w1, &w2, &w3}; }
+  Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;
+  Tensor backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) override;
+
+  Parameter w1, w2, w3;
+
+ private:
+  std::string name_;
+};
+
+}  // namespace meshtrain

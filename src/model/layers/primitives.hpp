@@ -1,0 +1,19 @@
+#pragma once
+/// @file Shared building blocks of the layers: linear maps (y = x·Wᵀ, Wᵀ stored as PyTorch's
+/// [out, in]) and RMSNorm, each with its backward.
+#include "model/layer.hpp"
+
+namespace meshtrain {
+
+/// y [N, out] = x [N, in] · Wᵀ, W [out, in].
+Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat = MemCategory::kActivations);
+/// dx [N, in] = dy · W (or, when accumulate_dx is given, dx += dy · W); dW += dyᵀ · x.
+Tensor linear_backward(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w,
+                       const Tensor* accumulate_dx = nullptr);
+
+/// RMSNorm over the last dim of x [N, D] with weight [D]; pushes x and rstd.
+Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const Parameter& w, float eps);
+/// Pops what rmsnorm_forward pushed; returns dx [N, D], accumulates dW.
+Tensor rmsnorm_backward(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w);
+
+}  // namespace meshtrain

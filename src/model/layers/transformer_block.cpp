@@ -1,0 +1,44 @@
+#include "model/layers/transformer_block.hpp"
+
+#include "model/layers/primitives.hpp"
+
+namespace meshtrain {
+
+TransformerBlock::TransformerBlock(const ModelArgs& a, int layer_id)
+    : name_("layers." + std::to_string(layer_id)),
+      layer_id_(layer_id),
+      eps_(float(a.norm_eps)),
+      attention(a, layer_id, name_ + "."),
+      feed_forward(a, layer_id, name_ + ".") {
+  const InitSpec ones{InitSpec::Kind::kOnes, 0, 0};
+  attention_norm = Parameter{name_ + ".attention_norm.weight", {a.dim}, {}, {}, ones, false};
+  ffn_norm = Parameter{name_ + ".ffn_norm.weight", {a.dim}, {}, {}, ones, false};
+}
+
+std::vector<Parameter*> TransformerBlock::parameters() {
+  std::vector<Parameter*> out{&attention_norm};
+  for (Parameter* p : attention.parameters()) out.push_back(p);
+  out.push_back(&ffn_norm);
+  for (Parameter* p : feed_forward.parameters()) out.push_back(p);
+  return out;
+}
+
+Tensor TransformerBlock::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
+  Device& dev = *ctx.dev;
+  Tensor h = attention.forward(ctx, saved, rmsnorm_forward(dev, saved, x, attention_norm, eps_));
+  dev.add(h, x, 1.0f);
+  Tensor out = feed_forward.forward(ctx, saved, rmsnorm_forward(dev, saved, h, ffn_norm, eps_));
+  dev.add(out, h, 1.0f);
+  return out;
+}
+
+Tensor TransformerBlock::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
+  Device& dev = *ctx.dev;
+  Tensor dh = rmsnorm_backward(dev, saved, feed_forward.backward(ctx, saved, dout), ffn_norm);
+  dev.add(dh, dout, 1.0f);  // residual
+  Tensor dx = rmsnorm_backward(dev, saved, attention.backward(ctx, saved, dh), attention_norm);
+  dev.add(dx, dh, 1.0f);
+  return dx;
+}
+
+}  // namespace meshtrain

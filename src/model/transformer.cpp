@@ -1,0 +1,107 @@
+#include "model/transformer.hpp"
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "model/init.hpp"
+#include "model/layers/embedding.hpp"
+#include "model/layers/transformer_block.hpp"
+
+namespace meshtrain {
+
+namespace {
+constexpr int64_t kAlign = 16;  // elements: 64-byte aligned parameter views
+}
+
+Transformer::Transformer(const ModelArgs& args, Device& dev) : args_(args), dev_(dev) {
+  auto emb = std::make_unique<Embedding>(args);
+  Parameter* tied = &emb->weight;
+  owned_.push_back(std::move(emb));
+  for (int i = 0; i < int(args.n_layers); ++i) owned_.push_back(std::make_unique<TransformerBlock>(args, i));
+  owned_.push_back(std::make_unique<OutputHead>(args, tied));
+  int64_t total = 0;
+  for (auto& u : owned_) {
+    units_.push_back(u.get());
+    const size_t first = params_.size();
+    for (Parameter* p : u->parameters()) {
+      p->flat_offset = total;
+      total += (shape_numel(p->shape) + kAlign - 1) / kAlign * kAlign;
+      params_.push_back(p);
+    }
+    unit_ranges_.emplace_back(first, params_.size());
+  }
+  flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
+  flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
+  for (Parameter* p : params_) {
+    p->value = flat_params_.view(p->shape, p->flat_offset);
+    p->grad = flat_grads_.view(p->shape, p->flat_offset);
+  }
+}
+
+std::vector<Parameter*> Transformer::unit_parameters(size_t u) const {
+  const auto [a, b] = unit_ranges_.at(u);
+  return {params_.begin() + long(a), params_.begin() + long(b)};
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  for (Parameter* p : params_) {
+    std::vector<float> host(size_t(p->value.numel()));
+    init_range(*p, seed, 0, p->value.numel(), host.data());
+    dev_.upload(p->value, host.data(), host.size() * sizeof(float));
+  }
+}
+
+void Transformer::zero_grad() { dev_.fill(flat_grads_, 0.0f); }
+
+Parameter* Transformer::find(const std::string& name) const {
+  for (Parameter* p : params_)
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+std::vector<double> rope_frequencies(const ModelArgs& a) {
+  const int64_t half = a.head_dim / 2;
+  std::vector<double> f(half);
+  for (int64_t j = 0; j < half; ++j) {
+    double freq = std::pow(a.rope_theta, -2.0 * double(j) / double(a.head_dim));
+    if (a.use_rope_scaling) {
+      // Meta's llama3 apply_scaling (Llama 3.1): keep high frequencies, divide low ones by the
+      // factor, interpolate smoothly in between.
+      const double wavelen = 2.0 * std::numbers::pi / freq;
+      const double low_wavelen = double(a.rope_original_max_seq_len) / a.rope_low_freq_factor;
+      const double high_wavelen = double(a.rope_original_max_seq_len) / a.rope_high_freq_factor;
+      if (wavelen > low_wavelen) {
+        freq = freq / a.rope_scaling_factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (double(a.rope_original_max_seq_len) / wavelen - a.rope_low_freq_factor) /
+                              (a.rope_high_freq_factor - a.rope_low_freq_factor);
+        freq = (1.0 - smooth) * freq / a.rope_scaling_factor + smooth * freq;
+      }
+    }
+    f[j] = freq;
+  }
+  return f;
+}
+
+std::pair<Tensor, Tensor> Transformer::rope_tables(int64_t seq_len) {
+  if (seq_len != rope_len_) {
+    const auto freqs = rope_frequencies(args_);
+    const int64_t half = int64_t(freqs.size());
+    std::vector<float> c(size_t(seq_len * half)), s(c.size());
+    for (int64_t t = 0; t < seq_len; ++t)
+      for (int64_t j = 0; j < half; ++j) {
+        const double ang = double(t) * freqs[j];
+        c[t * half + j] = float(std::cos(ang));
+        s[t * half + j] = float(std::sin(ang));
+      }
+    rope_cos_ = dev_.empty({seq_len, half}, DType::kF32, MemCategory::kActivations);
+    rope_sin_ = dev_.empty({seq_len, half}, DType::kF32, MemCategory::kActivations);
+    dev_.upload(rope_cos_, c.data(), c.size() * 4);
+    dev_.upload(rope_sin_, s.data(), s.size() * 4);
+    rope_len_ = seq_len;
+  }
+  return {rope_cos_, rope_sin_};
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,57 @@
+#pragma once
+/// @file Transformer: the Llama-3 / Qwen3 decoder as a graph of units — tok_embeddings,
+/// layers.0 … layers.{L-1}, output (norm + projection) — with its parameters in one flat buffer
+/// and their gradients in another (DESIGN.md data flow step 5).
+#include <memory>
+#include <vector>
+
+#include "config/model_args.hpp"
+#include "model/layer.hpp"
+
+namespace meshtrain {
+
+class Transformer {
+ public:
+  /// Builds the layers and allocates parameters (kParameters) and zeroed gradients
+  /// (kGradients) on `dev`. Values are uninitialized until init_weights().
+  Transformer(const ModelArgs& args, Device& dev);
+
+  /// Layer-independent initialization: element i of parameter p is a pure function of
+  /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
+  void init_weights(uint64_t seed);
+
+  const ModelArgs& args() const { return args_; }
+  /// Units in execution order (embedding, blocks, output head).
+  const std::vector<Layer*>& units() const { return units_; }
+  /// Every parameter once (a tied output projection is the embedding's), in unit order.
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  /// Parameters of unit u, a contiguous range of the flat buffers.
+  std::vector<Parameter*> unit_parameters(size_t u) const;
+  /// The flat buffers: [total elements] each; parameter views index into them.
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  /// Sets every gradient to zero.
+  void zero_grad();
+  /// RoPE tables cos, sin [seq_len, head_dim/2] (Su et al. 2021, with Llama 3.1 frequency
+  /// scaling when args.use_rope_scaling), computed once per seq_len and cached.
+  std::pair<Tensor, Tensor> rope_tables(int64_t seq_len);
+  /// Looks up a parameter by name; nullptr when absent.
+  Parameter* find(const std::string& name) const;
+
+ private:
+  ModelArgs args_;
+  Device& dev_;
+  std::vector<std::unique_ptr<Layer>> owned_;
+  std::vector<Layer*> units_;
+  std::vector<Parameter*> params_;
+  std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
+  Tensor flat_params_, flat_grads_;
+  int64_t rope_len_ = -1;
+  Tensor rope_cos_, rope_sin_;
+};
+
+/// The rotary frequencies θ_j = theta^(−2j/Dh), j < Dh/2, with Llama 3.1's scaling of low
+/// frequencies (Meta's apply_scaling) when enabled. Returned in fp64.
+std::vector<double> rope_frequencies(const ModelArgs& args);
+
+}  // namespace meshtrain

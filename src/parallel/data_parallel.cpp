@@ -1,0 +1,51 @@
+#include "parallel/data_parallel.hpp"
+
+namespace meshtrain {
+
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes) : comm_(comm) {
+  const auto& units = model.units();
+  const Tensor& flat = model.flat_grads();
+  const int64_t total = flat.numel();
+  bucket_of_unit_.assign(units.size(), -1);
+  // Units are packed from the last (first to finish backward) to the first.
+  auto unit_begin = [&](size_t u) {
+    auto ps = model.unit_parameters(u);
+    return ps.empty() ? -1 : ps.front()->flat_offset;
+  };
+  int64_t end = total;
+  size_t last = units.size() - 1;
+  for (size_t u = units.size(); u-- > 0;) {
+    const int64_t begin = unit_begin(u);
+    if (begin < 0) continue;
+    if ((end - begin) * 4 >= bucket_bytes || u == 0) {
+      buckets_.push_back({u, last, flat.view({end - begin}, begin)});
+      for (size_t v = u; v <= last; ++v) bucket_of_unit_[v] = int(buckets_.size() - 1);
+      end = begin;
+      last = u - 1;
+    }
+  }
+}
+
+void DataParallel::post_backward(size_t unit) {
+  if (!sync_ || comm_.size() == 1) return;
+  const int b = bucket_of_unit_[unit];
+  if (b >= 0 && buckets_[b].first_unit == unit) pending_.push_back(comm_.all_reduce(buckets_[b].grads, ReduceOp::kSum));
+  poll();
+}
+
+void DataParallel::poll() {
+  for (auto& w : pending_) w->test();
+}
+
+void DataParallel::finish() {
+  for (auto& w : pending_) w->wait();
+  pending_.clear();
+}
+
+std::vector<int64_t> DataParallel::bucket_sizes() const {
+  std::vector<int64_t> out;
+  for (const auto& b : buckets_) out.push_back(b.grads.numel());
+  return out;
+}
+
+}  // namespace meshtrain
