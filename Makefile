@@ -35,7 +35,7 @@ run: deps-run build corpus
 	mpirun --allow-run-as-root --oversubscribe -np $(NP) $(BUILD_DIR)/bin/meshtrain train --deck $(DECK)
 
 bench: build
-	perf/cpu_step_bench.sh
+	/usr/bin/python3 perf/cpu_step_bench.py
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -1,0 +1,79 @@
+// `meshtrain train --deck FILE [--section.key=value ...]`
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/commands.hpp"
+#include "comm/mpi/mpi_communicator.hpp"
+#include "config/deck_parser.hpp"
+#include "train/trainer.hpp"
+#include "util/errors.hpp"
+#include "util/log.hpp"
+
+namespace meshtrain::app {
+
+namespace {
+
+// Splits argv into the deck path and the --section.key=value overrides.
+std::string parse_args(int argc, char** argv, std::vector<std::string>& overrides) {
+  std::string deck;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--deck" && i + 1 < argc) {
+      deck = argv[++i];
+    } else if (a.rfind("--deck=", 0) == 0) {
+      deck = a.substr(7);
+    } else {
+      overrides.push_back(a);
+    }
+  }
+  if (deck.empty()) throw ConfigError("command line: --deck FILE is required (meshtrain train --deck FILE)");
+  return deck;
+}
+
+}  // namespace
+
+int cmd_train(int argc, char** argv) {
+  MpiRuntime mpi(&argc, &argv);
+  log::init(mpi.world_rank(), mpi.host());
+  // Every rank parses and validates before any work, so a bad deck exits 2 everywhere with the
+  // same one-line message (printed once, by rank 0) and nothing is written.
+  // The corpus is opened here too: a missing or corrupt dataset is bad input, not a crash.
+  JobConfig cfg;
+  ParallelDims dims;
+  std::unique_ptr<TokenStore> store;
+  try {
+    std::vector<std::string> overrides;
+    const std::string deck = parse_args(argc, argv, overrides);
+    cfg = load_job_config(deck, overrides);
+    dims = cfg.validate(mpi.world_size());
+    store = std::make_unique<TokenStore>(cfg.training.dataset);
+    check_dataset(cfg, *store);
+  } catch (const ConfigError& e) {
+    if (mpi.world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+    return kExitConfig;
+  } catch (const DataError& e) {
+    if (mpi.world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+    return kExitConfig;
+  }
+  MpiCommunicator world(MPI_COMM_WORLD, "world");
+  try {
+    train(cfg, dims, *store, world);
+  } catch (const ConfigError& e) {
+    log::error(e.what());
+    MpiRuntime::abort_job(kExitConfig);
+  } catch (const DataError& e) {
+    log::error(e.what());
+    MpiRuntime::abort_job(kExitConfig);
+  } catch (const CommError& e) {
+    log::error(e.what());
+    MpiRuntime::abort_job(kExitComm);
+  } catch (const std::exception& e) {
+    log::error(e.what());
+    MpiRuntime::abort_job(kExitRuntime);
+  }
+  return kExitOk;
+}
+
+}  // namespace meshtrain::app

@@ -1,0 +1,104 @@
+#include "checkpoint/model_dump.hpp"
+
+#include <hdf5.h>
+
+#include <cstdio>
+
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+struct H5Handle {  // closes an HDF5 id with the matching close function
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~H5Handle() {
+    if (id >= 0) close(id);
+  }
+};
+
+void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
+
+template <class T>
+void attr(hid_t loc, const char* name, T value, hid_t type, const std::string& path) {
+  H5Handle space{H5Screate(H5S_SCALAR), H5Sclose};
+  H5Handle a{H5Acreate2(loc, name, type, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+  if (a.id < 0 || H5Awrite(a.id, type, &value) < 0) fail(path, std::string("cannot write attribute ") + name);
+}
+
+void write_dataset(hid_t group, const std::string& name, const Shape& shape, hid_t type, const void* data,
+                   const std::string& path) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  H5Handle space{H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose};
+  H5Handle ds{H5Dcreate2(group, name.c_str(), type, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0 || H5Dwrite(ds.id, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    fail(path, "cannot write dataset " + name);
+}
+
+void write_tensors(hid_t file, const char* group_name, Transformer& model, Device& dev, bool grads,
+                   const std::string& path) {
+  H5Handle g{H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+  for (Parameter* p : model.parameters()) {
+    const Tensor& t = grads ? p->grad : p->value;
+    std::vector<float> host(size_t(t.numel()));
+    dev.download(host.data(), t, t.nbytes());
+    write_dataset(g.id, p->name, p->shape, H5T_NATIVE_FLOAT, host.data(), path);
+  }
+}
+
+}  // namespace
+
+void write_model_dump(const std::string& path, Transformer& model, Device& dev, const DumpOptions& opt) {
+  const std::string tmp = path + ".tmp";
+  {
+    H5Handle f{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
+    if (f.id < 0) fail(tmp, "cannot create file");
+    const ModelArgs& a = model.args();
+    for (auto [name, v] : {std::pair{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
+                           {"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim}, {"vocab_size", a.vocab_size},
+                           {"ffn_dim", a.ffn_dim()}, {"rope_original_max_seq_len", a.rope_original_max_seq_len},
+                           {"use_rope_scaling", int64_t(a.use_rope_scaling)}, {"qk_norm", int64_t(a.qk_norm)},
+                           {"tie_word_embeddings", int64_t(a.tie_word_embeddings)}})
+      attr(f.id, name, v, H5T_NATIVE_INT64, tmp);
+    for (auto [name, v] : {std::pair{"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
+                           {"rope_scaling_factor", a.rope_scaling_factor},
+                           {"rope_low_freq_factor", a.rope_low_freq_factor},
+                           {"rope_high_freq_factor", a.rope_high_freq_factor}})
+      attr(f.id, name, v, H5T_NATIVE_DOUBLE, tmp);
+    write_tensors(f.id, "/params", model, dev, false, tmp);
+    if (opt.grads) {
+      write_tensors(f.id, "/grads", model, dev, true, tmp);
+      attr(f.id, "loss", opt.loss, H5T_NATIVE_DOUBLE, tmp);
+    }
+    if (opt.tokens) {
+      H5Handle g{H5Gcreate2(f.id, "/batch", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+      write_dataset(g.id, "tokens", {opt.batch, opt.seq_len + 1}, H5T_NATIVE_INT32, opt.tokens->data(), tmp);
+    }
+    if (H5Fflush(f.id, H5F_SCOPE_GLOBAL) < 0) fail(tmp, "flush failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot rename from " + tmp);
+}
+
+void read_model_dump(const std::string& path, Transformer& model, Device& dev) {
+  H5Handle f{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  if (f.id < 0) fail(path, "cannot open as HDF5");
+  for (Parameter* p : model.parameters()) {
+    const std::string ds_name = "/params/" + p->name;
+    if (H5Lexists(f.id, "/params", H5P_DEFAULT) <= 0 || H5Lexists(f.id, ds_name.c_str(), H5P_DEFAULT) <= 0)
+      fail(path, "dataset " + ds_name + " missing");
+    H5Handle ds{H5Dopen2(f.id, ds_name.c_str(), H5P_DEFAULT), H5Dclose};
+    H5Handle space{H5Dget_space(ds.id), H5Sclose};
+    std::vector<hsize_t> dims(size_t(H5Sget_simple_extent_ndims(space.id)));
+    H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+    if (Shape(dims.begin(), dims.end()) != p->shape)
+      fail(path, "dataset " + ds_name + " has shape " + shape_str(Shape(dims.begin(), dims.end())) + ", model needs " +
+                     shape_str(p->shape));
+    std::vector<float> host(size_t(p->value.numel()));
+    if (H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0)
+      fail(path, "cannot read dataset " + ds_name);
+    dev.upload(p->value, host.data(), host.size() * sizeof(float));
+  }
+}
+
+}  // namespace meshtrain

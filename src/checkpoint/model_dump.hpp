@@ -1,0 +1,28 @@
+#pragma once
+/// @file Model dumps: an HDF5 file with a model's arguments, its parameters in global shape
+/// (/params/<name>), optionally their gradients (/grads/<name>) and the batch they came from
+/// (/batch/tokens). Used for the final trained model of a run and for the PyTorch validation
+/// (validation/check_gradients.py reads exactly this layout; doc/checkpoint-format.md).
+#include <string>
+#include <vector>
+
+#include "model/transformer.hpp"
+
+namespace meshtrain {
+
+struct DumpOptions {
+  bool grads = false;                 ///< also write /grads
+  const std::vector<int32_t>* tokens = nullptr;  ///< [B, T+1] written to /batch/tokens when set
+  int64_t batch = 0, seq_len = 0;
+  double loss = 0;                    ///< root attribute "loss" when grads are written
+};
+
+/// Writes `model` (unsharded, on this rank) to `path` via `path.tmp` + rename, so a failure
+/// never leaves a half-written file. @throws CheckpointError naming the file.
+void write_model_dump(const std::string& path, Transformer& model, Device& dev, const DumpOptions& opt = {});
+
+/// Reads /params of `path` into `model` (shapes must match). @throws CheckpointError naming the
+/// file and dataset on a missing dataset or a shape mismatch.
+void read_model_dump(const std::string& path, Transformer& model, Device& dev);
+
+}  // namespace meshtrain

@@ -1,0 +1,229 @@
+#include "train/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "checkpoint/model_dump.hpp"
+#include "config/deck_parser.hpp"
+#include "data/loader.hpp"
+#include "data/stats.hpp"
+#include "device/device.hpp"
+#include "graph/executor.hpp"
+#include "metrics/metrics_writer.hpp"
+#include "metrics/throughput.hpp"
+#include "model/transformer.hpp"
+#include "optim/adamw.hpp"
+#include "optim/lr_schedule.hpp"
+#include "parallel/data_parallel.hpp"
+#include "util/errors.hpp"
+#include "util/log.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  return fmt("%.1f ", b) + units[u];
+}
+
+/// Splits samples [n, T+1] into inputs and targets [n·T] and uploads them into the context.
+void load_batch(Device& dev, StepContext& ctx, const std::vector<int32_t>& samples, int64_t n, int64_t t) {
+  std::vector<int32_t> in(size_t(n * t)), tg(size_t(n * t));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      in[i * t + j] = samples[i * (t + 1) + j];
+      tg[i * t + j] = samples[i * (t + 1) + j + 1];
+    }
+  ctx.batch = n;
+  ctx.seq_len = t;
+  ctx.tokens = dev.empty({n * t}, DType::kI32, MemCategory::kActivations);
+  ctx.targets = dev.empty({n * t}, DType::kI32, MemCategory::kActivations);
+  dev.upload(ctx.tokens, in.data(), in.size() * 4);
+  dev.upload(ctx.targets, tg.data(), tg.size() * 4);
+}
+
+/// Mean validation loss over `max_batches` rounds of local_batch × dp samples (all when < 0),
+/// split across dp ranks by sample index; every rank returns the same value.
+double validate_loss(Device& dev, Transformer& model, Executor& exec, const DataLoader& val, Communicator& dp,
+                     int64_t local_batch, int64_t max_batches) {
+  const int64_t per_round = local_batch * dp.size(), t = val.seq_len();
+  int64_t rounds = (val.num_samples() + per_round - 1) / per_round;
+  if (max_batches >= 0) rounds = std::min(rounds, max_batches);
+  auto [cos, sin] = model.rope_tables(t);
+  double sums[2] = {0, 0};
+  std::vector<int32_t> samples;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t first = r * per_round + dp.rank() * local_batch;
+    const int64_t n = std::max<int64_t>(0, std::min(local_batch, val.num_samples() - first));
+    if (n == 0) continue;
+    samples.resize(size_t(n * (t + 1)));
+    val.fetch(first, n, samples.data());
+    StepContext ctx;
+    ctx.dev = &dev;
+    ctx.need_backward = false;
+    ctx.rope_cos = cos;
+    ctx.rope_sin = sin;
+    load_batch(dev, ctx, samples, n, t);
+    exec.forward(ctx);
+    sums[0] += ctx.loss_sum;
+    sums[1] += double(ctx.num_targets);
+  }
+  dp.all_reduce_host(sums, 2, ReduceOp::kSum);
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+}  // namespace
+
+void check_dataset(const JobConfig& cfg, const TokenStore& store) {
+  const ModelArgs args = cfg.model_args();
+  if (store.vocab_size() > args.vocab_size)
+    throw ConfigError(cfg.origin_of("model.vocab_size") + ": [model] vocab_size: " + std::to_string(args.vocab_size) +
+                      " is smaller than the vocabulary of " + cfg.training.dataset + " (" +
+                      std::to_string(store.vocab_size()) + "); token ids must be < vocab_size");
+}
+
+TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, MpiCommunicator& world) {
+  const bool rank0 = world.rank() == 0;
+  const auto t_start = Clock::now();
+  const ModelArgs args = cfg.model_args();
+  const int64_t local_batch = cfg.training.local_batch_size, seq_len = cfg.training.seq_len;
+  const int64_t global_batch = cfg.global_batch(dims), accum = cfg.grad_accum_steps(dims);
+
+  DataLoader loader(store.split("train"), seq_len, uint64_t(cfg.training.seed));
+  DataLoader val_loader(store.split("validation"), seq_len, uint64_t(cfg.training.seed), /*shuffle=*/false);
+  const double unigram = unigram_entropy(store.split("validation"), store.vocab_size());
+
+  // dp = dp_replicate here: every rank is a replica (validated: other degrees are 1).
+  auto dp = world.split(0, world.rank(), "dp_replicate");
+  auto device = make_device("cpu");
+  Device& dev = *device;
+  bool peak_measured = false;
+  const double peak = dev.peak_flops(&peak_measured);
+
+  Transformer model(args, dev);
+  model.init_weights(uint64_t(cfg.training.seed));
+  std::vector<int64_t> block_index;
+  for (size_t u = 0; u < model.units().size(); ++u)
+    block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
+  Executor exec(model.units(), block_index,
+                CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option));
+  DataParallel ddp(model, *dp);
+  exec.set_hooks(&ddp);
+  AdamW opt(model, dev, cfg.optimizer);
+  LrSchedule schedule(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
+
+  const std::filesystem::path out_dir = cfg.dump_folder();
+  if (rank0) {
+    std::filesystem::create_directories(out_dir);
+    std::ofstream(out_dir / "deck.resolved.toml") << resolved_deck_toml(cfg);
+  }
+  MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0);
+  const double flops_per_token = args.flops_per_token(seq_len);
+  log::info("meshtrain: " + args.name + " " + args.flavor + ", " + std::to_string(args.num_params()) +
+            " parameters, " + fmt("%.3g", flops_per_token) + " FLOPs/token; world " + std::to_string(world.size()) +
+            " (dp_replicate " + std::to_string(dims.dp_replicate) + "); global batch " + std::to_string(global_batch) +
+            " x " + std::to_string(seq_len) + " tokens, grad accumulation " + std::to_string(accum) + "; peak " +
+            fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + ")");
+  log::info("data: " + cfg.training.dataset + ", " + std::to_string(loader.num_samples()) + " train samples, " +
+            std::to_string(val_loader.num_samples()) + " validation samples; validation unigram entropy " +
+            fmt("%.4f", unigram) + " nats");
+
+  TrainSummary summary;
+  summary.unigram_entropy = unigram;
+  auto [cos, sin] = model.rope_tables(seq_len);
+  std::vector<int32_t> samples(size_t(local_batch * (seq_len + 1)));
+  const float grad_scale = float(1.0 / double(global_batch * seq_len));
+  double timed_s = 0;
+  int64_t timed_tokens = 0;
+  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+    const auto t0 = Clock::now();
+    model.zero_grad();
+    double loss_sum = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      loader.micro_batch(m, dp->rank(), dp->size(), local_batch, samples.data());
+      StepContext ctx;
+      ctx.dev = &dev;
+      ctx.rope_cos = cos;
+      ctx.rope_sin = sin;
+      ctx.loss_grad_scale = grad_scale;
+      load_batch(dev, ctx, samples, local_batch, seq_len);
+      ddp.set_sync(m + 1 == accum);
+      exec.forward_backward(ctx);
+      loss_sum += ctx.loss_sum;
+    }
+    ddp.finish();
+    loader.advance(global_batch);
+    dp->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
+    const double loss = loss_sum / double(global_batch * seq_len);
+    if (!std::isfinite(loss)) throw std::runtime_error("loss is " + fmt("%f", loss) + " at step " + std::to_string(step));
+    const double norm = grad_norm(dev, model);
+    clip_grad_norm(dev, model, norm, cfg.training.max_norm);
+    const double lr = schedule.lr(step);
+    opt.step(float(lr));
+    dev.synchronize();
+    const double dt = seconds_since(t0);
+    if (step > 1) timed_s += dt, timed_tokens += global_batch * seq_len;
+    summary.steps = step;
+    summary.final_loss = loss;
+
+    if (step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
+      const Throughput tp = compute_throughput(global_batch * seq_len, dt, world.size(), flops_per_token, peak);
+      const MemoryStats mem = dev.allocator()->stats();
+      const double avg = step > 1 ? timed_s / double(step - 1) : dt;
+      const double eta = avg * double(cfg.training.steps - step);
+      metrics.write({{"step", step}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tp.tokens_per_s},
+                     {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank}, {"tflops_per_rank", tp.tflops_per_rank},
+                     {"mfu", tp.mfu}, {"step_time_s", dt}, {"memory_peak_bytes", mem.total_peak}, {"eta_s", eta}});
+      log::info("step " + std::to_string(step) + "/" + std::to_string(cfg.training.steps) + "  loss " +
+                fmt("%.4f", loss) + "  grad_norm " + fmt("%.3f", norm) + "  lr " + fmt("%.2e", lr) + "  tok/s " +
+                fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
+                fmt("%.3f", tp.tflops_per_rank) + "  MFU " + fmt("%.1f%%", 100 * tp.mfu) + "  step " +
+                fmt("%.3f s", dt) + "  mem " + human_bytes(double(mem.total_peak)) + "  eta " + fmt("%.0f s", eta));
+      dev.allocator()->reset_peaks();
+    }
+    if (cfg.validation.enable && (step % cfg.validation.freq == 0 || step == cfg.training.steps)) {
+      const double vl = validate_loss(dev, model, exec, val_loader, *dp, local_batch, cfg.validation.steps);
+      summary.final_val_loss = vl;
+      metrics.write({{"step", step}, {"val_loss", vl}});
+      log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
+                fmt("%.4f", unigram) + ")");
+    }
+  }
+  summary.elapsed_s = seconds_since(t_start);
+  summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
+  if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev);
+  const MemoryStats mem = dev.allocator()->stats();
+  nlohmann::json by_cat;
+  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = mem.peak[c];
+  metrics.write({{"event", "summary"}, {"steps", summary.steps}, {"final_loss", summary.final_loss},
+                 {"final_val_loss", summary.final_val_loss}, {"unigram_entropy", unigram},
+                 {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},
+                 {"tokens", int64_t(summary.steps * global_batch * seq_len)}, {"world_size", world.size()},
+                 {"parameters", args.num_params()}, {"memory_peak_bytes_by_category", by_cat}});
+  log::info("summary: " + std::to_string(summary.steps) + " steps in " + fmt("%.1f s", summary.elapsed_s) +
+            ", final loss " + fmt("%.4f", summary.final_loss) +
+            (summary.final_val_loss >= 0 ? ", final val_loss " + fmt("%.4f", summary.final_val_loss) : std::string()) +
+            ", validation unigram entropy " + fmt("%.4f", unigram) + " nats" +
+            (summary.final_val_loss >= 0 ? " (val_loss is " + fmt("%.3f", unigram - summary.final_val_loss) +
+                                               " nats below it)"
+                                         : std::string()) +
+            ", " + fmt("%.0f", summary.tokens_per_s) + " tokens/s; outputs in " + out_dir.string());
+  return summary;
+}
+
+}  // namespace meshtrain

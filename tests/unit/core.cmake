@@ -1,0 +1,4 @@
+# Unit tests of the core modules: tensor/allocator, CPU kernels, model, executor, optimizer.
+meshtrain_test(test_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_kernels.cpp LIBS meshtrain_device)
+meshtrain_test(test_model SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_model.cpp LIBS meshtrain_graph)
+meshtrain_test(test_optim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_optim.cpp LIBS meshtrain_optim)

@@ -1,0 +1,106 @@
+#define BOOST_TEST_MODULE model
+#include <boost/test/unit_test.hpp>
+#include <vector>
+
+#include "graph/executor.hpp"
+#include "model/init.hpp"
+#include "model/transformer.hpp"
+#include "util/rng.hpp"
+
+using namespace meshtrain;
+
+namespace {
+
+ModelArgs small_args() {
+  ModelArgs a;
+  a.dim = 32;
+  a.n_layers = 3;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.head_dim = 8;
+  a.vocab_size = 50;
+  a.multiple_of = 16;
+  return a;
+}
+
+// One forward + backward; returns the loss sum and a copy of all gradients.
+std::pair<double, std::vector<float>> run(Transformer& m, Device& d, CheckpointPolicy policy) {
+  const int64_t b = 2, t = 8;
+  StepContext ctx;
+  ctx.dev = &d;
+  ctx.batch = b;
+  ctx.seq_len = t;
+  ctx.tokens = d.empty({b * t}, DType::kI32, MemCategory::kActivations);
+  ctx.targets = d.empty({b * t}, DType::kI32, MemCategory::kActivations);
+  for (int64_t i = 0; i < b * t; ++i) {
+    ctx.tokens.i32()[i] = int32_t(counter_u64(1, 2, uint64_t(i)) % 50);
+    ctx.targets.i32()[i] = int32_t(counter_u64(1, 3, uint64_t(i)) % 50);
+  }
+  std::tie(ctx.rope_cos, ctx.rope_sin) = m.rope_tables(t);
+  ctx.loss_grad_scale = 1.0f / float(b * t);
+  std::vector<int64_t> blocks{-1};
+  for (int i = 0; i < m.args().n_layers; ++i) blocks.push_back(i);
+  blocks.push_back(-1);
+  Executor exec(m.units(), blocks, policy);
+  m.zero_grad();
+  exec.forward_backward(ctx);
+  const Tensor& g = m.flat_grads();
+  return {ctx.loss_sum, std::vector<float>(g.f32(), g.f32() + g.numel())};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(parameter_count_matches_formula) {
+  for (bool tie : {false, true})
+    for (bool qk : {false, true}) {
+      ModelArgs a = small_args();
+      a.tie_word_embeddings = tie;
+      a.qk_norm = qk;
+      auto d = make_device("cpu", 1);
+      Transformer m(a, *d);
+      int64_t n = 0;
+      for (Parameter* p : m.parameters()) n += p->value.numel();
+      BOOST_TEST(n == a.num_params());
+      BOOST_TEST((m.find("output.weight") == nullptr) == tie);
+      BOOST_TEST((m.find("layers.0.attention.q_norm.weight") != nullptr) == qk);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(init_is_a_pure_function_of_seed_name_index) {
+  auto d = make_device("cpu", 2);
+  Transformer m(small_args(), *d);
+  m.init_weights(5);
+  Parameter* p = m.find("layers.1.feed_forward.w2.weight");
+  std::vector<float> part(10);
+  init_range(*p, 5, 100, 10, part.data());  // a shard's range
+  for (int i = 0; i < 10; ++i) BOOST_TEST(part[i] == p->value.f32()[100 + i]);
+  Transformer m2(small_args(), *d);
+  m2.init_weights(6);
+  BOOST_TEST(m2.find("layers.1.feed_forward.w2.weight")->value.f32()[0] != p->value.f32()[0]);
+  BOOST_TEST(m.find("norm.weight")->value.f32()[3] == 1.0f);
+}
+
+BOOST_AUTO_TEST_CASE(activation_checkpointing_reproduces_gradients_exactly) {
+  auto d = make_device("cpu", 2);
+  Transformer m(small_args(), *d);
+  m.init_weights(11);
+  auto none = run(m, *d, CheckpointPolicy::from_deck("none", "1"));
+  auto full = run(m, *d, CheckpointPolicy::from_deck("full", "1"));
+  auto sel = run(m, *d, CheckpointPolicy::from_deck("selective", "2"));
+  BOOST_TEST(none.first == full.first);
+  BOOST_TEST(none.second == full.second);  // recomputation is bitwise identical
+  BOOST_TEST(none.second == sel.second);
+  BOOST_CHECK_THROW(CheckpointPolicy::from_deck("selective", "0"), std::invalid_argument);
+  BOOST_CHECK_THROW(CheckpointPolicy::from_deck("selective", "op"), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(rope_scaling_follows_llama31) {
+  ModelArgs a = small_args();
+  a.head_dim = 128;
+  a.rope_theta = 500000;
+  auto plain = rope_frequencies(a);
+  a.use_rope_scaling = true;
+  auto scaled = rope_frequencies(a);
+  BOOST_TEST(scaled[0] == plain[0]);                 // high frequency kept
+  BOOST_TEST(std::fabs(scaled[63] - plain[63] / 8) < 1e-15);  // low frequency divided by the factor
+}

@@ -1,0 +1,76 @@
+// Writes a model dump with gradients for validation/check_gradients.py: builds a small model of
+// the requested shape, initializes it as training does, runs one forward + backward on random
+// tokens, and writes /params, /grads, /batch/tokens and the loss (checkpoint/model_dump.hpp).
+// usage: dump_grads OUT.h5 [--gqa] [--tie] [--qk-norm] [--rope-scaling] [--ac full|selective]
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "checkpoint/model_dump.hpp"
+#include "graph/executor.hpp"
+#include "model/transformer.hpp"
+#include "util/rng.hpp"
+
+using namespace meshtrain;
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: dump_grads OUT.h5 [--gqa] [--tie] [--qk-norm] [--rope-scaling] [--ac MODE]\n");
+    return 2;
+  }
+  ModelArgs a;
+  a.dim = 64;
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 4;
+  a.head_dim = 16;
+  a.vocab_size = 97;
+  a.multiple_of = 32;
+  a.rope_theta = 10000.0;
+  std::string ac = "none";
+  for (int i = 2; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--gqa") a.n_kv_heads = 2;
+    else if (f == "--tie") a.tie_word_embeddings = true;
+    else if (f == "--qk-norm") a.qk_norm = true, a.norm_eps = 1e-6;
+    else if (f == "--rope-scaling") a.use_rope_scaling = true, a.rope_original_max_seq_len = 16, a.rope_scaling_factor = 4;
+    else if (f == "--ac" && i + 1 < argc) ac = argv[++i];
+    else {
+      std::fprintf(stderr, "dump_grads: unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  auto dev = make_device("cpu", 1);
+  Transformer model(a, *dev);
+  model.init_weights(1234);
+  const int64_t b = 3, t = 24;
+  std::vector<int32_t> tokens(size_t(b * (t + 1))), in(size_t(b * t)), tg(size_t(b * t));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(counter_u64(7, 1, i) % uint64_t(a.vocab_size));
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < t; ++j) in[i * t + j] = tokens[i * (t + 1) + j], tg[i * t + j] = tokens[i * (t + 1) + j + 1];
+  StepContext ctx;
+  ctx.dev = dev.get();
+  ctx.batch = b;
+  ctx.seq_len = t;
+  ctx.tokens = dev->empty({b * t}, DType::kI32, MemCategory::kActivations);
+  ctx.targets = dev->empty({b * t}, DType::kI32, MemCategory::kActivations);
+  dev->upload(ctx.tokens, in.data(), in.size() * 4);
+  dev->upload(ctx.targets, tg.data(), tg.size() * 4);
+  std::tie(ctx.rope_cos, ctx.rope_sin) = model.rope_tables(t);
+  ctx.loss_grad_scale = 1.0f / float(b * t);
+  std::vector<int64_t> blocks;
+  for (size_t u = 0; u < model.units().size(); ++u)
+    blocks.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
+  Executor exec(model.units(), blocks, CheckpointPolicy::from_deck(ac, "2"));
+  exec.forward_backward(ctx);
+  DumpOptions opt;
+  opt.grads = true;
+  opt.tokens = &tokens;
+  opt.batch = b;
+  opt.seq_len = t;
+  opt.loss = ctx.loss_sum / double(b * t);
+  write_model_dump(argv[1], model, *dev, opt);
+  std::printf("loss %.8f written to %s\n", opt.loss, argv[1]);
+  return 0;
+}
