@@ -1,0 +1,116 @@
+"""An independent PyTorch implementation of meshtrain's Llama-3 / Qwen3 decoder, written from the
+equations (Meta's reference model.py conventions), for checking meshtrain's loss and gradients.
+
+Conventions shared with meshtrain (doc/checkpoint-format.md):
+- Linear weights are [out, in] and y = x @ W.T; names follow Meta (tok_embeddings.weight, ...).
+- RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w.
+- RoPE is Meta's interleaved form: within a head, pairs (2j, 2j+1) rotate by pos * freq_j,
+  freq_j = theta^(-2j/Dh), with Llama 3.1 scaling when enabled.
+- Attention is causal with scale 1/sqrt(Dh); query head h reads kv head h // (Hq / Hkv).
+- Loss is the mean cross-entropy over all B*T targets.
+"""
+import math
+
+import h5py
+import numpy as np
+import torch
+
+
+def rope_frequencies(args):
+    dh = args["head_dim"]
+    freqs = [args["rope_theta"] ** (-2.0 * j / dh) for j in range(dh // 2)]
+    if args.get("use_rope_scaling"):
+        factor, low, high = args["rope_scaling_factor"], args["rope_low_freq_factor"], args["rope_high_freq_factor"]
+        orig = args["rope_original_max_seq_len"]
+        low_wavelen, high_wavelen = orig / low, orig / high
+        scaled = []
+        for f in freqs:
+            wavelen = 2 * math.pi / f
+            if wavelen < high_wavelen:
+                scaled.append(f)
+            elif wavelen > low_wavelen:
+                scaled.append(f / factor)
+            else:
+                smooth = (orig / wavelen - low) / (high - low)
+                scaled.append((1 - smooth) * f / factor + smooth * f)
+        freqs = scaled
+    return freqs
+
+
+def rms_norm(x, w, eps):
+    return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
+
+
+def apply_rope(x, cos, sin):
+    """x: [B, T, H, Dh]; cos, sin: [T, Dh/2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = torch.empty_like(x)
+    out[..., 0::2] = even * c - odd * s
+    out[..., 1::2] = even * s + odd * c
+    return out
+
+
+class LlamaReference:
+    """Holds parameters as leaf tensors (requires_grad) and computes the loss of a batch."""
+
+    def __init__(self, args, params, dtype=torch.float64):
+        self.args = args
+        self.params = {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=True) for k, v in params.items()}
+        self.dtype = dtype
+
+    def loss(self, tokens):
+        a, p = self.args, self.params
+        tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+        inp, tgt = tokens[:, :-1], tokens[:, 1:]
+        b, t = inp.shape
+        hq, hkv, dh = a["n_heads"], a["n_kv_heads"], a["head_dim"]
+        pos = torch.arange(t, dtype=self.dtype)[:, None]
+        ang = pos * torch.tensor(rope_frequencies(a), dtype=self.dtype)[None, :]
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        h = p["tok_embeddings.weight"][inp]
+        for i in range(a["n_layers"]):
+            pre = f"layers.{i}."
+            x = rms_norm(h, p[pre + "attention_norm.weight"], a["norm_eps"])
+            q = (x @ p[pre + "attention.wq.weight"].T).view(b, t, hq, dh)
+            k = (x @ p[pre + "attention.wk.weight"].T).view(b, t, hkv, dh)
+            v = (x @ p[pre + "attention.wv.weight"].T).view(b, t, hkv, dh)
+            if a.get("qk_norm"):
+                q = rms_norm(q, p[pre + "attention.q_norm.weight"], a["norm_eps"])
+                k = rms_norm(k, p[pre + "attention.k_norm.weight"], a["norm_eps"])
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            rep = hq // hkv
+            k = k.repeat_interleave(rep, dim=2)
+            v = v.repeat_interleave(rep, dim=2)
+            scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(dh)
+            scores = scores.masked_fill(mask, float("-inf"))
+            o = torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), v).reshape(b, t, hq * dh)
+            h = h + o @ p[pre + "attention.wo.weight"].T
+            x = rms_norm(h, p[pre + "ffn_norm.weight"], a["norm_eps"])
+            g = x @ p[pre + "feed_forward.w1.weight"].T
+            u = x @ p[pre + "feed_forward.w3.weight"].T
+            h = h + (torch.nn.functional.silu(g) * u) @ p[pre + "feed_forward.w2.weight"].T
+        x = rms_norm(h, p["norm.weight"], a["norm_eps"])
+        out_w = p["tok_embeddings.weight"] if a.get("tie_word_embeddings") else p["output.weight"]
+        logits = x @ out_w.T
+        return torch.nn.functional.cross_entropy(logits.reshape(b * t, -1), tgt.reshape(-1))
+
+
+ARG_NAMES = ["dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "ffn_dim", "norm_eps", "rope_theta",
+             "use_rope_scaling", "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+             "rope_original_max_seq_len", "qk_norm", "tie_word_embeddings"]
+
+
+def load_dump(path):
+    """Returns (args, params, grads, tokens, loss) from a meshtrain model dump (grads/tokens/loss may be None)."""
+    with h5py.File(path, "r") as f:
+        args = {}
+        for k in ARG_NAMES:
+            v = f.attrs[k]
+            args[k] = float(v) if isinstance(v, (float, np.floating)) else int(v)
+        params = {k: f["params"][k][()] for k in f["params"]}
+        grads = {k: f["grads"][k][()] for k in f["grads"]} if "grads" in f else None
+        tokens = f["batch"]["tokens"][()] if "batch" in f else None
+        loss = float(f.attrs["loss"]) if "loss" in f.attrs else None
+    return args, params, grads, tokens, loss
