@@ -12,6 +12,13 @@ namespace meshtrain::app {
 
 namespace {
 
+// Markdown table cells cannot contain a bare '|'.
+std::string cell(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
 void print_reference(bool markdown) {
   std::string section;
   if (markdown) {
@@ -29,8 +36,8 @@ void print_reference(bool markdown) {
         std::printf("\n[%s]\n", section.c_str());
     }
     if (markdown)
-      std::printf("| %s | %s | %s | %s | %s |\n", o.key.c_str(), option_type_name(o.type), o.default_text.c_str(),
-                  o.allowed.c_str(), o.doc.c_str());
+      std::printf("| %s | %s | %s | %s | %s |\n", o.key.c_str(), option_type_name(o.type), cell(o.default_text).c_str(),
+                  cell(o.allowed).c_str(), cell(o.doc).c_str());
     else
       std::printf("  %-32s %-8s default %-14s %s; %s\n", o.key.c_str(), option_type_name(o.type), o.default_text.c_str(),
                   o.allowed.c_str(), o.doc.c_str());
