@@ -36,4 +36,15 @@ struct Parameter {
   int64_t flat_offset = 0;   ///< element offset in the flat buffers
 };
 
+/// A parameter of global `shape` with its init rule; value/grad are bound when the model
+/// allocates its flat buffers.
+inline Parameter make_parameter(std::string name, Shape shape, InitSpec init, bool weight_decay = true) {
+  Parameter p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.init = init;
+  p.weight_decay = weight_decay;
+  return p;
+}
+
 }  // namespace meshtrain

@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -150,6 +151,11 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   const float grad_scale = float(1.0 / double(global_batch * seq_len));
   double timed_s = 0;
   int64_t timed_tokens = 0;
+  std::array<int64_t, kNumMemCategories> run_peak{};  // per-category peaks over the whole run
+  auto note_peaks = [&] {
+    const MemoryStats m = dev.allocator()->stats();
+    for (int c = 0; c < kNumMemCategories; ++c) run_peak[c] = std::max(run_peak[c], m.peak[c]);
+  };
   for (int64_t step = 1; step <= cfg.training.steps; ++step) {
     const auto t0 = Clock::now();
     model.zero_grad();
@@ -194,6 +200,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                 fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
                 fmt("%.3f", tp.tflops_per_rank) + "  MFU " + fmt("%.1f%%", 100 * tp.mfu) + "  step " +
                 fmt("%.3f s", dt) + "  mem " + human_bytes(double(mem.total_peak)) + "  eta " + fmt("%.0f s", eta));
+      note_peaks();
       dev.allocator()->reset_peaks();
     }
     if (cfg.validation.enable && (step % cfg.validation.freq == 0 || step == cfg.training.steps)) {
@@ -207,9 +214,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
   if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev);
-  const MemoryStats mem = dev.allocator()->stats();
+  note_peaks();
   nlohmann::json by_cat;
-  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = mem.peak[c];
+  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = run_peak[c];
   metrics.write({{"event", "summary"}, {"steps", summary.steps}, {"final_loss", summary.final_loss},
                  {"final_val_loss", summary.final_val_loss}, {"unigram_entropy", unigram},
                  {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},

@@ -6,17 +6,6 @@
 
 namespace meshtrain {
 
-namespace {
-Parameter make_param(const std::string& name, Shape shape, InitSpec init, bool decay = true) {
-  Parameter p;
-  p.name = name;
-  p.shape = std::move(shape);
-  p.init = init;
-  p.weight_decay = decay;
-  return p;
-}
-}  // namespace
-
 Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix)
     : name_(prefix + "attention"),
       n_heads_(a.n_heads),
@@ -28,13 +17,13 @@ Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix
   const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
   const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
   const InitSpec ones{InitSpec::Kind::kOnes, 0, 0};
-  wq = make_param(name_ + ".wq.weight", {a.n_heads * a.head_dim, a.dim}, base);
-  wk = make_param(name_ + ".wk.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
-  wv = make_param(name_ + ".wv.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
-  wo = make_param(name_ + ".wo.weight", {a.dim, a.n_heads * a.head_dim}, depth);
+  wq = make_parameter(name_ + ".wq.weight", {a.n_heads * a.head_dim, a.dim}, base);
+  wk = make_parameter(name_ + ".wk.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
+  wv = make_parameter(name_ + ".wv.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
+  wo = make_parameter(name_ + ".wo.weight", {a.dim, a.n_heads * a.head_dim}, depth);
   if (qk_norm_) {
-    q_norm = make_param(name_ + ".q_norm.weight", {a.head_dim}, ones, false);
-    k_norm = make_param(name_ + ".k_norm.weight", {a.head_dim}, ones, false);
+    q_norm = make_parameter(name_ + ".q_norm.weight", {a.head_dim}, ones, false);
+    k_norm = make_parameter(name_ + ".k_norm.weight", {a.head_dim}, ones, false);
   }
 }
 

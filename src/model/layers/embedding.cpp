@@ -10,8 +10,7 @@ Embedding::Embedding(const ModelArgs& a) {
   // TorchTitan initializes the embedding with N(0, 1); when tied to the output projection the
   // output's init (std D^-1/2) is used instead so initial logits stay O(1).
   const double std = a.tie_word_embeddings ? 1.0 / std::sqrt(double(a.dim)) : 1.0;
-  weight = Parameter{"tok_embeddings.weight", {a.vocab_size, a.dim}, {}, {},
-                     InitSpec{InitSpec::Kind::kTruncNormal, std, 3.0}, false};
+  weight = make_parameter("tok_embeddings.weight", {a.vocab_size, a.dim}, InitSpec{InitSpec::Kind::kTruncNormal, std, 3.0}, false);
 }
 
 Tensor Embedding::forward(StepContext& ctx, SavedTensors&, const Tensor&) {
@@ -27,10 +26,9 @@ Tensor Embedding::backward(StepContext& ctx, SavedTensors&, const Tensor& dout) 
 
 OutputHead::OutputHead(const ModelArgs& a, Parameter* tied_embedding)
     : tied_(a.tie_word_embeddings ? tied_embedding : nullptr), eps_(float(a.norm_eps)) {
-  norm = Parameter{"norm.weight", {a.dim}, {}, {}, InitSpec{InitSpec::Kind::kOnes, 0, 0}, false};
+  norm = make_parameter("norm.weight", {a.dim}, InitSpec{InitSpec::Kind::kOnes, 0, 0}, false);
   if (!tied_)
-    output = Parameter{"output.weight", {a.vocab_size, a.dim}, {}, {},
-                       InitSpec{InitSpec::Kind::kTruncNormal, 1.0 / std::sqrt(double(a.dim)), 3.0}};
+    output = make_parameter("output.weight", {a.vocab_size, a.dim}, InitSpec{InitSpec::Kind::kTruncNormal, 1.0 / std::sqrt(double(a.dim)), 3.0});
 }
 
 std::vector<Parameter*> OutputHead::parameters() {

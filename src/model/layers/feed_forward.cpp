@@ -10,9 +10,9 @@ FeedForward::FeedForward(const ModelArgs& a, int layer_id, const std::string& pr
   const int64_t h = a.ffn_dim();
   const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
   const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
-  w1 = Parameter{name_ + ".w1.weight", {h, a.dim}, {}, {}, base};
-  w2 = Parameter{name_ + ".w2.weight", {a.dim, h}, {}, {}, depth};
-  w3 = Parameter{name_ + ".w3.weight", {h, a.dim}, {}, {}, depth};
+  w1 = make_parameter(name_ + ".w1.weight", {h, a.dim}, base);
+  w2 = make_parameter(name_ + ".w2.weight", {a.dim, h}, depth);
+  w3 = make_parameter(name_ + ".w3.weight", {h, a.dim}, depth);
 }
 
 Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {

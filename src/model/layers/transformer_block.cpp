@@ -11,8 +11,8 @@ TransformerBlock::TransformerBlock(const ModelArgs& a, int layer_id)
       attention(a, layer_id, name_ + "."),
       feed_forward(a, layer_id, name_ + ".") {
   const InitSpec ones{InitSpec::Kind::kOnes, 0, 0};
-  attention_norm = Parameter{name_ + ".attention_norm.weight", {a.dim}, {}, {}, ones, false};
-  ffn_norm = Parameter{name_ + ".ffn_norm.weight", {a.dim}, {}, {}, ones, false};
+  attention_norm = make_parameter(name_ + ".attention_norm.weight", {a.dim}, ones, false);
+  ffn_norm = make_parameter(name_ + ".ffn_norm.weight", {a.dim}, ones, false);
 }
 
 std::vector<Parameter*> TransformerBlock::parameters() {
