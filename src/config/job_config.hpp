@@ -86,7 +86,7 @@ struct MetricsSection {
 struct ValidationSection {
   bool enable = false;
   int64_t freq = 500;   ///< steps between validations (and after the last step)
-  int64_t steps = -1;   ///< validation batches per validation; -1 = the whole validation split
+  int64_t steps = -1;   ///< global batches per validation; -1 = the whole validation split
 };
 
 /// [checkpoint]: keys reserved for the checkpoint issue; enable = true is rejected until then.

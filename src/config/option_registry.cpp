@@ -238,7 +238,7 @@ std::vector<Option> build() {
     Builder<ValidationSection> b{o, "validation", &JobConfig::validation};
     b.boolean("enable", &ValidationSection::enable, "compute validation loss");
     b.integer("freq", &ValidationSection::freq, "steps between validations (and at the end)", 1);
-    b.integer("steps", &ValidationSection::steps, "validation batches per validation (-1 = whole split)", 1, {}, {-1});
+    b.integer("steps", &ValidationSection::steps, "global batches per validation (-1 = the whole validation split)", 1, {}, {-1});
   }
   {
     Builder<CheckpointSection> b{o, "checkpoint", &JobConfig::checkpoint};

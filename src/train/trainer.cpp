@@ -58,19 +58,19 @@ void load_batch(Device& dev, StepContext& ctx, const std::vector<int32_t>& sampl
   dev.upload(ctx.targets, tg.data(), tg.size() * 4);
 }
 
-/// Mean validation loss over `max_batches` rounds of local_batch × dp samples (all when < 0),
-/// split across dp ranks by sample index; every rank returns the same value.
+/// Mean validation loss over the first `max_steps` global batches of the validation split (all of
+/// it when < 0), read in order; chunks of local_batch samples are dealt round-robin to the dp
+/// ranks, so the samples, and hence the value, do not depend on the layout.
 double validate_loss(Device& dev, Transformer& model, Executor& exec, const DataLoader& val, Communicator& dp,
-                     int64_t local_batch, int64_t max_batches) {
-  const int64_t per_round = local_batch * dp.size(), t = val.seq_len();
-  int64_t rounds = (val.num_samples() + per_round - 1) / per_round;
-  if (max_batches >= 0) rounds = std::min(rounds, max_batches);
+                     int64_t local_batch, int64_t global_batch, int64_t max_steps) {
+  const int64_t t = val.seq_len();
+  const int64_t total = max_steps < 0 ? val.num_samples() : std::min(val.num_samples(), max_steps * global_batch);
   auto [cos, sin] = model.rope_tables(t);
   double sums[2] = {0, 0};
   std::vector<int32_t> samples;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t first = r * per_round + dp.rank() * local_batch;
-    const int64_t n = std::max<int64_t>(0, std::min(local_batch, val.num_samples() - first));
+  for (int64_t start = 0; start < total; start += local_batch * dp.size()) {
+    const int64_t first = start + dp.rank() * local_batch;
+    const int64_t n = std::max<int64_t>(0, std::min(local_batch, total - first));
     if (n == 0) continue;
     samples.resize(size_t(n * (t + 1)));
     val.fetch(first, n, samples.data());
@@ -204,7 +204,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       dev.allocator()->reset_peaks();
     }
     if (cfg.validation.enable && (step % cfg.validation.freq == 0 || step == cfg.training.steps)) {
-      const double vl = validate_loss(dev, model, exec, val_loader, *dp, local_batch, cfg.validation.steps);
+      const double vl = validate_loss(dev, model, exec, val_loader, *dp, local_batch, global_batch, cfg.validation.steps);
       summary.final_val_loss = vl;
       metrics.write({{"step", step}, {"val_loss", vl}});
       log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
