@@ -61,7 +61,7 @@ def main():
     recs = [json.loads(l) for l in open(os.path.join(dump, "metrics.jsonl"))]
     mt_times = [r["step_time_s"] for r in recs if "step_time_s" in r][args.warmup:]
     mt_step = statistics.median(mt_times)
-    shape = json.loads(sh([args.binary, "model", "info", "--deck", args.deck, "--json"]))
+    shape = json.loads(sh([args.binary, "model", "info", "--deck", args.deck, "--seq-len", str(args.seq_len), "--json"]))
 
     torch_json = os.path.join(args.out, "torch_step.json")
     sh(["/usr/bin/python3", os.path.join(ROOT, "perf/torch_step.py"), "--dim", str(shape["dim"]),
