@@ -32,7 +32,8 @@ corpus: deps-run build
 	@[ -f $(CORPUS_H5) ] || $(BUILD_DIR)/bin/meshtrain data prepare --input data/brown/text --output $(CORPUS_H5) --vocab-size 2048
 
 run: deps-run build corpus
-	mpirun --allow-run-as-root --oversubscribe --quiet -np $(NP) $(BUILD_DIR)/bin/meshtrain train --deck $(DECK)
+	mpirun --allow-run-as-root --oversubscribe --quiet -np $(NP) $(BUILD_DIR)/bin/meshtrain train --deck $(DECK) \
+	  --parallelism.data_parallel_replicate_degree=$(NP) $(ARGS)
 
 bench: build
 	/usr/bin/python3 perf/cpu_step_bench.py

@@ -22,6 +22,7 @@ function(meshtrain_test name)
   cmake_parse_arguments(T "" "NP;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} Boost::unit_test_framework)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
     MESHTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}" MESHTRAIN_BINARY_DIR="${PROJECT_BINARY_DIR}")
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)

@@ -54,6 +54,28 @@ void Transformer::init_weights(uint64_t seed) {
 
 void Transformer::zero_grad() { dev_.fill(flat_grads_, 0.0f); }
 
+StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale,
+                                      bool need_backward) {
+  std::vector<int32_t> in(size_t(n * t)), tg(size_t(n * t));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < t; ++j) {
+      in[i * t + j] = samples[i * (t + 1) + j];
+      tg[i * t + j] = samples[i * (t + 1) + j + 1];
+    }
+  StepContext ctx;
+  ctx.dev = &dev_;
+  ctx.batch = n;
+  ctx.seq_len = t;
+  ctx.loss_grad_scale = loss_grad_scale;
+  ctx.need_backward = need_backward;
+  std::tie(ctx.rope_cos, ctx.rope_sin) = rope_tables(t);
+  ctx.tokens = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);
+  ctx.targets = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);
+  dev_.upload(ctx.tokens, in.data(), in.size() * sizeof(int32_t));
+  dev_.upload(ctx.targets, tg.data(), tg.size() * sizeof(int32_t));
+  return ctx;
+}
+
 Parameter* Transformer::find(const std::string& name) const {
   for (Parameter* p : params_)
     if (p->name == name) return p;

@@ -35,6 +35,9 @@ class Transformer {
   /// RoPE tables cos, sin [seq_len, head_dim/2] (Su et al. 2021, with Llama 3.1 frequency
   /// scaling when args.use_rope_scaling), computed once per seq_len and cached.
   std::pair<Tensor, Tensor> rope_tables(int64_t seq_len);
+  /// The context of one micro-batch from `samples` [n, T+1] token ids (inputs [:, :T], targets
+  /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T.
+  StepContext make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale, bool need_backward);
   /// Looks up a parameter by name; nullptr when absent.
   Parameter* find(const std::string& name) const;
 

@@ -42,22 +42,6 @@ std::string human_bytes(double b) {
   return fmt("%.1f ", b) + units[u];
 }
 
-/// Splits samples [n, T+1] into inputs and targets [n·T] and uploads them into the context.
-void load_batch(Device& dev, StepContext& ctx, const std::vector<int32_t>& samples, int64_t n, int64_t t) {
-  std::vector<int32_t> in(size_t(n * t)), tg(size_t(n * t));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < t; ++j) {
-      in[i * t + j] = samples[i * (t + 1) + j];
-      tg[i * t + j] = samples[i * (t + 1) + j + 1];
-    }
-  ctx.batch = n;
-  ctx.seq_len = t;
-  ctx.tokens = dev.empty({n * t}, DType::kI32, MemCategory::kActivations);
-  ctx.targets = dev.empty({n * t}, DType::kI32, MemCategory::kActivations);
-  dev.upload(ctx.tokens, in.data(), in.size() * 4);
-  dev.upload(ctx.targets, tg.data(), tg.size() * 4);
-}
-
 /// Mean validation loss over the first `max_steps` global batches of the validation split (all of
 /// it when < 0), read in order; chunks of local_batch samples are dealt round-robin to the dp
 /// ranks, so the samples, and hence the value, do not depend on the layout.
@@ -65,7 +49,6 @@ double validate_loss(Device& dev, Transformer& model, Executor& exec, const Data
                      int64_t local_batch, int64_t global_batch, int64_t max_steps) {
   const int64_t t = val.seq_len();
   const int64_t total = max_steps < 0 ? val.num_samples() : std::min(val.num_samples(), max_steps * global_batch);
-  auto [cos, sin] = model.rope_tables(t);
   double sums[2] = {0, 0};
   std::vector<int32_t> samples;
   for (int64_t start = 0; start < total; start += local_batch * dp.size()) {
@@ -74,12 +57,7 @@ double validate_loss(Device& dev, Transformer& model, Executor& exec, const Data
     if (n == 0) continue;
     samples.resize(size_t(n * (t + 1)));
     val.fetch(first, n, samples.data());
-    StepContext ctx;
-    ctx.dev = &dev;
-    ctx.need_backward = false;
-    ctx.rope_cos = cos;
-    ctx.rope_sin = sin;
-    load_batch(dev, ctx, samples, n, t);
+    StepContext ctx = model.make_context(samples.data(), n, t, 0.0f, /*need_backward=*/false);
     exec.forward(ctx);
     sums[0] += ctx.loss_sum;
     sums[1] += double(ctx.num_targets);
@@ -146,7 +124,6 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
 
   TrainSummary summary;
   summary.unigram_entropy = unigram;
-  auto [cos, sin] = model.rope_tables(seq_len);
   std::vector<int32_t> samples(size_t(local_batch * (seq_len + 1)));
   const float grad_scale = float(1.0 / double(global_batch * seq_len));
   double timed_s = 0;
@@ -162,12 +139,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     double loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) {
       loader.micro_batch(m, dp->rank(), dp->size(), local_batch, samples.data());
-      StepContext ctx;
-      ctx.dev = &dev;
-      ctx.rope_cos = cos;
-      ctx.rope_sin = sin;
-      ctx.loss_grad_scale = grad_scale;
-      load_batch(dev, ctx, samples, local_batch, seq_len);
+      StepContext ctx = model.make_context(samples.data(), local_batch, seq_len, grad_scale, /*need_backward=*/true);
       ddp.set_sync(m + 1 == accum);
       exec.forward_backward(ctx);
       loss_sum += ctx.loss_sum;

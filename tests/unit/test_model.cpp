@@ -5,23 +5,14 @@
 #include "graph/executor.hpp"
 #include "model/init.hpp"
 #include "model/transformer.hpp"
+#include "tiny_model.hpp"
 #include "util/rng.hpp"
 
 using namespace meshtrain;
 
 namespace {
 
-ModelArgs small_args() {
-  ModelArgs a;
-  a.dim = 32;
-  a.n_layers = 3;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.head_dim = 8;
-  a.vocab_size = 50;
-  a.multiple_of = 16;
-  return a;
-}
+ModelArgs small_args() { return testing::tiny_model_args(); }
 
 // One forward + backward; returns the loss sum and a copy of all gradients.
 std::pair<double, std::vector<float>> run(Transformer& m, Device& d, CheckpointPolicy policy) {

@@ -4,6 +4,7 @@
 
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "tiny_model.hpp"
 
 using namespace meshtrain;
 
@@ -32,14 +33,7 @@ BOOST_AUTO_TEST_CASE(warmup_stable_decay_schedule) {
 
 BOOST_AUTO_TEST_CASE(adamw_matches_closed_form_and_skips_decay_on_norms) {
   auto dev = make_device("cpu", 1);
-  ModelArgs a;
-  a.dim = 16;
-  a.n_layers = 1;
-  a.n_heads = 2;
-  a.n_kv_heads = 2;
-  a.head_dim = 8;
-  a.vocab_size = 10;
-  a.multiple_of = 16;
+  const ModelArgs a = testing::tiny_model_args(16, 1, 2, 2, 10);
   Transformer m(a, *dev);
   m.init_weights(1);
   dev->fill(m.flat_grads(), 0.5f);
@@ -59,14 +53,7 @@ BOOST_AUTO_TEST_CASE(adamw_matches_closed_form_and_skips_decay_on_norms) {
 
 BOOST_AUTO_TEST_CASE(clipping_scales_to_max_norm) {
   auto dev = make_device("cpu", 1);
-  ModelArgs a;
-  a.dim = 16;
-  a.n_layers = 1;
-  a.n_heads = 2;
-  a.n_kv_heads = 2;
-  a.head_dim = 8;
-  a.vocab_size = 10;
-  a.multiple_of = 16;
+  const ModelArgs a = testing::tiny_model_args(16, 1, 2, 2, 10);
   Transformer m(a, *dev);
   dev->fill(m.flat_grads(), 0.0f);
   for (Parameter* p : m.parameters()) dev->fill(p->grad, 1.0f);

@@ -10,6 +10,7 @@
 #include "checkpoint/model_dump.hpp"
 #include "graph/executor.hpp"
 #include "model/transformer.hpp"
+#include "tiny_model.hpp"
 #include "util/rng.hpp"
 
 using namespace meshtrain;
@@ -19,13 +20,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: dump_grads OUT.h5 [--gqa] [--tie] [--qk-norm] [--rope-scaling] [--ac MODE]\n");
     return 2;
   }
-  ModelArgs a;
-  a.dim = 64;
-  a.n_layers = 2;
-  a.n_heads = 4;
-  a.n_kv_heads = 4;
-  a.head_dim = 16;
-  a.vocab_size = 97;
+  ModelArgs a = testing::tiny_model_args(64, 2, 4, 4, 97);
   a.multiple_of = 32;
   a.rope_theta = 10000.0;
   std::string ac = "none";
@@ -45,20 +40,9 @@ int main(int argc, char** argv) {
   Transformer model(a, *dev);
   model.init_weights(1234);
   const int64_t b = 3, t = 24;
-  std::vector<int32_t> tokens(size_t(b * (t + 1))), in(size_t(b * t)), tg(size_t(b * t));
+  std::vector<int32_t> tokens(size_t(b * (t + 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(counter_u64(7, 1, i) % uint64_t(a.vocab_size));
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t j = 0; j < t; ++j) in[i * t + j] = tokens[i * (t + 1) + j], tg[i * t + j] = tokens[i * (t + 1) + j + 1];
-  StepContext ctx;
-  ctx.dev = dev.get();
-  ctx.batch = b;
-  ctx.seq_len = t;
-  ctx.tokens = dev->empty({b * t}, DType::kI32, MemCategory::kActivations);
-  ctx.targets = dev->empty({b * t}, DType::kI32, MemCategory::kActivations);
-  dev->upload(ctx.tokens, in.data(), in.size() * 4);
-  dev->upload(ctx.targets, tg.data(), tg.size() * 4);
-  std::tie(ctx.rope_cos, ctx.rope_sin) = model.rope_tables(t);
-  ctx.loss_grad_scale = 1.0f / float(b * t);
+  StepContext ctx = model.make_context(tokens.data(), b, t, 1.0f / float(b * t), true);
   std::vector<int64_t> blocks;
   for (size_t u = 0; u < model.units().size(); ++u)
     blocks.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
