@@ -40,9 +40,12 @@ int cmd_train(int argc, char** argv) {
   // Every rank parses and validates before any work, so a bad deck exits 2 everywhere with the
   // same one-line message (printed once, by rank 0) and nothing is written.
   // The corpus is opened here too: a missing or corrupt dataset is bad input, not a crash.
+  // Ranks then agree on the outcome, so a failure on any rank (say, a file missing on one node)
+  // stops every rank with status 2 and the lowest failing rank prints its one line.
   JobConfig cfg;
   ParallelDims dims;
   std::unique_ptr<TokenStore> store;
+  std::string error;
   try {
     std::vector<std::string> overrides;
     const std::string deck = parse_args(argc, argv, overrides);
@@ -51,10 +54,16 @@ int cmd_train(int argc, char** argv) {
     store = std::make_unique<TokenStore>(cfg.training.dataset);
     check_dataset(cfg, *store);
   } catch (const ConfigError& e) {
-    if (mpi.world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
-    return kExitConfig;
+    error = e.what();
   } catch (const DataError& e) {
-    if (mpi.world_rank() == 0) std::fprintf(stderr, "%s\n", e.what());
+    error = e.what();
+  }
+  int first_failed = error.empty() ? mpi.world_size() : mpi.world_rank();
+  MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first_failed < mpi.world_size()) {
+    if (mpi.world_rank() == first_failed)
+      std::fprintf(stderr, "%s%s\n", first_failed == 0 ? "" : ("[rank " + std::to_string(first_failed) + " " + mpi.host() + "] ").c_str(),
+                   error.c_str());
     return kExitConfig;
   }
   MpiCommunicator world(MPI_COMM_WORLD, "world");
