@@ -12,6 +12,9 @@ int cmd_data(int argc, char** argv);
 /// `meshtrain deck reference [--markdown]` and `meshtrain deck check --deck FILE --world-size N`
 /// (deck_cmd.cpp). Serial.
 int cmd_deck(int argc, char** argv);
+/// `meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE]` (layout_cmd.cpp):
+/// the rank layout report for N simulated ranks, no MPI launch. Serial.
+int cmd_layout(int argc, char** argv);
 /// `meshtrain model info --name NAME --flavor FLAVOR [--seq-len T]` (model_cmd.cpp): parameter
 /// count and FLOPs per token of any flavor, large ones included. Serial.
 int cmd_model(int argc, char** argv);

@@ -17,7 +17,8 @@ void usage(FILE* out) {
       "  deck reference [--markdown]                   every deck key, type, default and meaning\n"
       "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
       "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
-      "  layout, ckpt                                  not implemented yet\n",
+      "  layout --deck FILE --world-size N [--topology FILE] [--csv FILE]   rank layout report\n"
+      "  ckpt                                          not implemented yet\n",
       out);
 }
 
@@ -35,7 +36,8 @@ int main(int argc, char** argv) {
     if (cmd == "data") return app::cmd_data(argc - 2, argv + 2);
     if (cmd == "deck") return app::cmd_deck(argc - 2, argv + 2);
     if (cmd == "model") return app::cmd_model(argc - 2, argv + 2);
-    if (cmd == "layout" || cmd == "ckpt") {
+    if (cmd == "layout") return app::cmd_layout(argc - 2, argv + 2);
+    if (cmd == "ckpt") {
       std::fprintf(stderr, "meshtrain %s: not implemented yet\n", cmd.c_str());
       return kExitConfig;
     }

@@ -78,7 +78,7 @@ std::string JobConfig::dump_folder() const {
   return (std::filesystem::path("checkpoint") / stem).string();
 }
 
-ParallelDims JobConfig::validate(int64_t world_size) const {
+ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   const ParallelismSection& p = parallelism;
   ParallelDims d;
   d.dp_replicate = p.data_parallel_replicate_degree;
@@ -129,7 +129,11 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
          std::to_string(training.global_batch_size) + " is not divisible by local_batch_size × dp = " +
              std::to_string(training.local_batch_size) + " × " + std::to_string(d.dp()) +
              " (global_batch_size % (local_batch_size × dp) == 0)");
+  return d;
+}
 
+ParallelDims JobConfig::validate(int64_t world_size) const {
+  const ParallelDims d = validate_layout(world_size);
   // Parsed, validated, but not implemented yet in this release.
   if (d.dp_shard > 1)
     fail(*this, "parallelism.data_parallel_shard_degree",

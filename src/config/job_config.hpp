@@ -98,6 +98,14 @@ struct CheckpointSection {
   int64_t load_step = -1;
 };
 
+/// [topology]: where ranks sit (rack-aware placement); see doc/architecture.md.
+struct TopologySection {
+  std::string file;             ///< Slurm topology.conf (tree plugin); "" = none
+  int64_t ranks_per_node = 8;   ///< simulated placement (`meshtrain layout`) when no MPI launch
+  int64_t nodes_per_rack = 0;   ///< synthetic racks of this many nodes; 0 = all in one rack
+  bool allow_cross_node_tp = false;  ///< permit tensor-parallel groups that span nodes
+};
+
 /// Degrees after validate(): every -1 resolved, product == world size.
 struct ParallelDims {
   int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, pp = 1, ep = 1;
@@ -117,6 +125,7 @@ struct JobConfig {
   MetricsSection metrics;
   ValidationSection validation;
   CheckpointSection checkpoint;
+  TopologySection topology;
 
   std::string deck_path;  ///< the deck file as given ("" when built in code)
   /// "section.key" -> "FILE:LINE" (deck) or "command line" (override), for error messages.
@@ -136,6 +145,10 @@ struct JobConfig {
   /// options not implemented yet are rejected with "not implemented yet".
   /// @throws ConfigError `FILE:LINE: [section] key: what is wrong (rule)`.
   ParallelDims validate(int64_t world_size) const;
+  /// The arithmetic and model-compatibility rules of validate() only (no "not implemented yet"
+  /// checks): what `meshtrain layout` needs to lay out any published configuration.
+  /// @throws ConfigError as validate().
+  ParallelDims validate_layout(int64_t world_size) const;
 
   /// Gradient-accumulation steps per optimizer step: global_batch / (local_batch × dp).
   int64_t grad_accum_steps(const ParallelDims& dims) const;

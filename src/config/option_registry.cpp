@@ -248,6 +248,13 @@ std::vector<Option> build() {
     b.integer("keep_latest_k", &CheckpointSection::keep_latest_k, "checkpoints kept (0 = all)", 0);
     b.integer("load_step", &CheckpointSection::load_step, "step to resume from (-1 = latest)", -1);
   }
+  {
+    Builder<TopologySection> b{o, "topology", &JobConfig::topology};
+    b.str("file", &TopologySection::file, "Slurm topology.conf (tree plugin) giving each node's top-of-rack switch");
+    b.integer("ranks_per_node", &TopologySection::ranks_per_node, "ranks per node when placement is simulated (meshtrain layout)", 1);
+    b.integer("nodes_per_rack", &TopologySection::nodes_per_rack, "synthetic racks of this many nodes (0 = one rack)", 0);
+    b.boolean("allow_cross_node_tp", &TopologySection::allow_cross_node_tp, "allow tensor-parallel groups to span nodes");
+  }
   return o;
 }
 

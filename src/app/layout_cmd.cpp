@@ -1,0 +1,49 @@
+// `meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE] [--section.key=value ...]`:
+// lays out a deck on N simulated ranks (no MPI launch) and prints the layout report.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "app/commands.hpp"
+#include "config/deck_parser.hpp"
+#include "layout/rank_layout.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain::app {
+
+int cmd_layout(int argc, char** argv) {
+  std::string deck, topo_file, csv;
+  int64_t world = -1;
+  std::vector<std::string> overrides;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--deck" && i + 1 < argc) deck = argv[++i];
+    else if (a == "--world-size" && i + 1 < argc) world = std::atoll(argv[++i]);
+    else if (a == "--topology" && i + 1 < argc) topo_file = argv[++i];
+    else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
+    else overrides.push_back(a);
+  }
+  if (deck.empty() || world < 1)
+    throw ConfigError("usage: meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE] [--section.key=value ...]");
+  const JobConfig cfg = load_job_config(deck, overrides);
+  const ParallelDims dims = cfg.validate_layout(world);
+  if (topo_file.empty()) topo_file = cfg.topology.file;
+  const Topology topo = topo_file.empty() ? Topology() : Topology::from_slurm_conf(topo_file);
+  const auto places = synthetic_places(world, cfg.topology.ranks_per_node, cfg.topology.nodes_per_rack, topo, topo.hosts());
+  const RankLayout layout(dims, places, cfg.topology.allow_cross_node_tp);
+  std::printf("%s: pp %lld × dp_replicate %lld × dp_shard %lld × cp %lld × tp %lld, %lld ranks per node%s\n",
+              deck.c_str(), (long long)dims.pp, (long long)dims.dp_replicate, (long long)dims.dp_shard,
+              (long long)dims.cp, (long long)dims.tp, (long long)cfg.topology.ranks_per_node,
+              topo_file.empty() ? "" : (", topology " + topo_file).c_str());
+  std::fputs(layout_report(layout).c_str(), stdout);
+  if (!csv.empty()) {
+    const std::string tmp = csv + ".tmp";
+    std::ofstream(tmp) << layout_csv(layout);
+    if (std::rename(tmp.c_str(), csv.c_str()) != 0) throw std::runtime_error(csv + ": cannot write");
+    std::printf("per-rank coordinates and groups written to %s\n", csv.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace meshtrain::app
