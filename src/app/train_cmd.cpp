@@ -1,5 +1,6 @@
 // `meshtrain train --deck FILE [--section.key=value ...]`
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "app/commands.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/deck_parser.hpp"
+#include "topology/discovery.hpp"
 #include "train/trainer.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
@@ -45,30 +47,44 @@ int cmd_train(int argc, char** argv) {
   JobConfig cfg;
   ParallelDims dims;
   std::unique_ptr<TokenStore> store;
-  std::string error;
-  try {
-    std::vector<std::string> overrides;
-    const std::string deck = parse_args(argc, argv, overrides);
-    cfg = load_job_config(deck, overrides);
-    dims = cfg.validate(mpi.world_size());
-    store = std::make_unique<TokenStore>(cfg.training.dataset);
-    check_dataset(cfg, *store);
-  } catch (const ConfigError& e) {
-    error = e.what();
-  } catch (const DataError& e) {
-    error = e.what();
-  }
-  int first_failed = error.empty() ? mpi.world_size() : mpi.world_rank();
-  MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first_failed < mpi.world_size()) {
-    if (mpi.world_rank() == first_failed)
-      std::fprintf(stderr, "%s%s\n", first_failed == 0 ? "" : ("[rank " + std::to_string(first_failed) + " " + mpi.host() + "] ").c_str(),
+  std::unique_ptr<RankLayout> layout;
+  Topology topo;
+  // Runs one preflight phase on every rank; true when it failed anywhere. Each phase ends in
+  // this agreement, so no rank enters a later collective that another rank skipped.
+  auto failed = [&](const std::function<void()>& phase) {
+    std::string error;
+    try {
+      phase();
+    } catch (const ConfigError& e) {
+      error = e.what();
+    } catch (const DataError& e) {
+      error = e.what();
+    }
+    int first = error.empty() ? mpi.world_size() : mpi.world_rank();
+    MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first < mpi.world_size() && mpi.world_rank() == first)
+      std::fprintf(stderr, "%s%s\n", first == 0 ? "" : ("[rank " + std::to_string(first) + " " + mpi.host() + "] ").c_str(),
                    error.c_str());
+    return first < mpi.world_size();
+  };
+  if (failed([&] {
+        std::vector<std::string> overrides;
+        const std::string deck = parse_args(argc, argv, overrides);
+        cfg = load_job_config(deck, overrides);
+        dims = cfg.validate(mpi.world_size());
+        if (!cfg.topology.file.empty()) topo = Topology::from_slurm_conf(cfg.topology.file);
+      }))
     return kExitConfig;
-  }
+  if (failed([&] {
+        layout = std::make_unique<RankLayout>(dims, discover_places(MPI_COMM_WORLD, cfg.topology, topo),
+                                              cfg.topology.allow_cross_node_tp);
+        store = std::make_unique<TokenStore>(cfg.training.dataset);
+        check_dataset(cfg, *store);
+      }))
+    return kExitConfig;
   MpiCommunicator world(MPI_COMM_WORLD, "world");
   try {
-    train(cfg, dims, *store, world);
+    train(cfg, dims, *store, *layout, world);
   } catch (const ConfigError& e) {
     log::error(e.what());
     MpiRuntime::abort_job(kExitConfig);

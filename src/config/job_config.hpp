@@ -104,6 +104,7 @@ struct TopologySection {
   int64_t ranks_per_node = 8;   ///< simulated placement (`meshtrain layout`) when no MPI launch
   int64_t nodes_per_rack = 0;   ///< synthetic racks of this many nodes; 0 = all in one rack
   bool allow_cross_node_tp = false;  ///< permit tensor-parallel groups that span nodes
+  bool simulate = false;        ///< place ranks on synthetic nodes of ranks_per_node (tests, rehearsals)
 };
 
 /// Degrees after validate(): every -1 resolved, product == world size.

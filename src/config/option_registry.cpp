@@ -254,6 +254,8 @@ std::vector<Option> build() {
     b.integer("ranks_per_node", &TopologySection::ranks_per_node, "ranks per node when placement is simulated (meshtrain layout)", 1);
     b.integer("nodes_per_rack", &TopologySection::nodes_per_rack, "synthetic racks of this many nodes (0 = one rack)", 0);
     b.boolean("allow_cross_node_tp", &TopologySection::allow_cross_node_tp, "allow tensor-parallel groups to span nodes");
+    b.boolean("simulate", &TopologySection::simulate,
+              "place ranks on synthetic nodes of ranks_per_node instead of the real hosts (tests, rehearsals)");
   }
   return o;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "checkpoint/model_dump.hpp"
+#include "comm/mesh_communicators.hpp"
 #include "config/deck_parser.hpp"
 #include "data/loader.hpp"
 #include "data/stats.hpp"
@@ -76,7 +77,8 @@ void check_dataset(const JobConfig& cfg, const TokenStore& store) {
                       std::to_string(store.vocab_size()) + "); token ids must be < vocab_size");
 }
 
-TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, MpiCommunicator& world) {
+TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, const RankLayout& layout,
+                   MpiCommunicator& world) {
   const bool rank0 = world.rank() == 0;
   const auto t_start = Clock::now();
   const ModelArgs args = cfg.model_args();
@@ -87,8 +89,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   DataLoader val_loader(store.split("validation"), seq_len, uint64_t(cfg.training.seed), /*shuffle=*/false);
   const double unigram = unigram_entropy(store.split("validation"), store.vocab_size());
 
-  // dp = dp_replicate here: every rank is a replica (validated: other degrees are 1).
-  auto dp = world.split(0, world.rank(), "dp_replicate");
+  MeshCommunicators comms(world, layout);
+  Communicator* dp = &comms.get(MeshDim::kDP);        // data loading: which samples this rank reads
+  Communicator& loss_comm = comms.get(MeshDim::kLoss);  // loss and token counts
   auto device = make_device("cpu");
   Device& dev = *device;
   bool peak_measured = false;
@@ -101,7 +104,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
   Executor exec(model.units(), block_index,
                 CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option));
-  DataParallel ddp(model, *dp);
+  DataParallel ddp(model, comms.get(MeshDim::kDpReplicate));
   exec.set_hooks(&ddp);
   AdamW opt(model, dev, cfg.optimizer);
   LrSchedule schedule(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
@@ -118,6 +121,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
             " (dp_replicate " + std::to_string(dims.dp_replicate) + "); global batch " + std::to_string(global_batch) +
             " x " + std::to_string(seq_len) + " tokens, grad accumulation " + std::to_string(accum) + "; peak " +
             fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + ")");
+  log::info("layout:\n" + layout_report(layout));
   log::info("data: " + cfg.training.dataset + ", " + std::to_string(loader.num_samples()) + " train samples, " +
             std::to_string(val_loader.num_samples()) + " validation samples; validation unigram entropy " +
             fmt("%.4f", unigram) + " nats");
@@ -146,7 +150,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     }
     ddp.finish();
     loader.advance(global_batch);
-    dp->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
+    loss_comm.all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
     const double loss = loss_sum / double(global_batch * seq_len);
     if (!std::isfinite(loss)) throw std::runtime_error("loss is " + fmt("%f", loss) + " at step " + std::to_string(step));
     const double norm = grad_norm(dev, model);

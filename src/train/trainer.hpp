@@ -7,6 +7,7 @@
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/job_config.hpp"
 #include "data/token_store.hpp"
+#include "layout/rank_layout.hpp"
 
 namespace meshtrain {
 
@@ -21,10 +22,12 @@ struct TrainSummary {
 };
 
 /// Runs training as configured. `cfg` must already be validated for world.size() ranks and
-/// `dims` is what validate() returned; `store` is the opened cfg.training.dataset. Rank 0 writes metrics.jsonl, deck.resolved.toml and the
+/// `dims` is what validate() returned; `store` is the opened cfg.training.dataset; `layout` places
+/// this job's ranks (communicators are split from it). Rank 0 writes metrics.jsonl, deck.resolved.toml and the
 /// final model (model_final.h5) into cfg.dump_folder().
 /// @throws DataError (corpus), CommError (collectives), std::runtime_error (I/O).
-TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, MpiCommunicator& world);
+TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, const RankLayout& layout,
+                   MpiCommunicator& world);
 
 /// Checks that the dataset fits the model (vocabulary) before any work.
 /// @throws ConfigError naming [model] vocab_size and the dataset.

@@ -1,0 +1,24 @@
+#pragma once
+/// @file One communicator per mesh dimension and derived group (DESIGN.md data flow step 4),
+/// split from the world with the layout's colors and keys, so communicator rank == layout key.
+#include <array>
+#include <memory>
+
+#include "comm/mpi/mpi_communicator.hpp"
+#include "layout/rank_layout.hpp"
+
+namespace meshtrain {
+
+class MeshCommunicators {
+ public:
+  /// Collective over `world`: MPI_Comm_split per dimension (pp, dp_replicate, dp_shard, cp, tp,
+  /// dp, fsdp, loss). @throws CommError when a split fails.
+  MeshCommunicators(const MpiCommunicator& world, const RankLayout& layout);
+  /// The communicator of this rank's group in dimension d (named after the dimension).
+  MpiCommunicator& get(MeshDim d) { return *comms_[size_t(d)]; }
+
+ private:
+  std::array<std::unique_ptr<MpiCommunicator>, kNumMeshDims> comms_;
+};
+
+}  // namespace meshtrain
