@@ -124,7 +124,7 @@ std::string layout_report(const RankLayout& l) {
   std::ostringstream out;
   std::set<int64_t> nodes, racks;
   for (int64_t r = 0; r < l.world(); ++r) nodes.insert(l.place(r).node), racks.insert(l.place(r).rack);
-  out << "world " << l.world() << " ranks on " << nodes.size() << " nodes in " << racks.size() << " racks\n";
+  out << "world " << l.world() << " ranks, " << nodes.size() << " node(s), " << racks.size() << " rack(s)\n";
   char buf[160];
   std::snprintf(buf, sizeof buf, "%-14s %6s %8s %-7s %12s %12s\n", "dimension", "size", "groups", "widest",
                 "cross-node", "cross-rack");
