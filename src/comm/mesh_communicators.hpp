@@ -16,6 +16,10 @@ class MeshCommunicators {
   MeshCommunicators(const MpiCommunicator& world, const RankLayout& layout);
   /// The communicator of this rank's group in dimension d (named after the dimension).
   MpiCommunicator& get(MeshDim d) { return *comms_[size_t(d)]; }
+  /// Deadline (seconds) of every later collective on every dimension (watchdog).
+  void set_timeout(double seconds) {
+    for (auto& c : comms_) c->set_timeout(seconds);
+  }
 
  private:
   std::array<std::unique_ptr<MpiCommunicator>, kNumMeshDims> comms_;

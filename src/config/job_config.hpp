@@ -98,6 +98,12 @@ struct CheckpointSection {
   int64_t load_step = -1;
 };
 
+/// [comm]: collective deadlines enforced by the watchdog (TorchTitan's key names).
+struct CommSection {
+  double init_timeout_seconds = 300;   ///< until the first step completes (start-up, first collectives)
+  double train_timeout_seconds = 100;  ///< afterwards, per collective
+};
+
 /// [topology]: where ranks sit (rack-aware placement); see doc/architecture.md.
 struct TopologySection {
   std::string file;             ///< Slurm topology.conf (tree plugin); "" = none
@@ -127,6 +133,7 @@ struct JobConfig {
   ValidationSection validation;
   CheckpointSection checkpoint;
   TopologySection topology;
+  CommSection comm;
 
   std::string deck_path;  ///< the deck file as given ("" when built in code)
   /// "section.key" -> "FILE:LINE" (deck) or "command line" (override), for error messages.

@@ -249,6 +249,13 @@ std::vector<Option> build() {
     b.integer("load_step", &CheckpointSection::load_step, "step to resume from (-1 = latest)", -1);
   }
   {
+    Builder<CommSection> b{o, "comm", &JobConfig::comm};
+    b.real("init_timeout_seconds", &CommSection::init_timeout_seconds,
+           "deadline of each collective until the first step completes; the job aborts when one passes", 0.0, {}, true);
+    b.real("train_timeout_seconds", &CommSection::train_timeout_seconds,
+           "deadline of each collective after the first step", 0.0, {}, true);
+  }
+  {
     Builder<TopologySection> b{o, "topology", &JobConfig::topology};
     b.str("file", &TopologySection::file, "Slurm topology.conf (tree plugin) giving each node's top-of-rack switch");
     b.integer("ranks_per_node", &TopologySection::ranks_per_node, "ranks per node when placement is simulated (meshtrain layout)", 1);

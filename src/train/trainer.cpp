@@ -89,7 +89,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   DataLoader val_loader(store.split("validation"), seq_len, uint64_t(cfg.training.seed), /*shuffle=*/false);
   const double unigram = unigram_entropy(store.split("validation"), store.vocab_size());
 
+  world.set_timeout(cfg.comm.init_timeout_seconds);
   MeshCommunicators comms(world, layout);
+  comms.set_timeout(cfg.comm.init_timeout_seconds);
   Communicator* dp = &comms.get(MeshDim::kDP);        // data loading: which samples this rank reads
   Communicator& loss_comm = comms.get(MeshDim::kLoss);  // loss and token counts
   auto device = make_device("cpu");
@@ -160,6 +162,10 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     dev.synchronize();
     const double dt = seconds_since(t0);
     if (step > 1) timed_s += dt, timed_tokens += global_batch * seq_len;
+    if (step == 1) {  // start-up is over: collectives now get the (shorter) training deadline
+      world.set_timeout(cfg.comm.train_timeout_seconds);
+      comms.set_timeout(cfg.comm.train_timeout_seconds);
+    }
     summary.steps = step;
     summary.final_loss = loss;
 

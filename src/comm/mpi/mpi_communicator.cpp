@@ -2,6 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
 #include <stdexcept>
 
 #include "util/errors.hpp"
@@ -36,13 +41,42 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
+// Waits for `req` until `timeout_s` passes; then the watchdog names the collective and group on
+// stderr and aborts the whole job (MPI_Abort), so a dead or stuck rank never hangs the others.
+// Polls with a growing sleep (up to 1 ms) instead of MPI_Wait's busy loop, which also leaves the
+// core to the ranks still computing when ranks are oversubscribed.
+void wait_with_deadline(MPI_Request* req, const char* what, const std::string& group, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  int done = 0;
+  for (int polls = 0;; ++polls) {
+    check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what, group);
+    if (done) return;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (timeout_s > 0 && waited > timeout_s) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      char host[MPI_MAX_PROCESSOR_NAME];
+      int len = 0;
+      MPI_Get_processor_name(host, &len);
+      std::fprintf(stderr,
+                   "[rank %d %.*s] watchdog: %s on %s did not complete within %.0f s (a rank died or hangs); "
+                   "aborting the job\n",
+                   rank, len, host, what, group.c_str(), timeout_s);
+      std::fflush(stderr);
+      MpiRuntime::abort_job(kExitComm);
+    }
+    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 100))));
+  }
+}
+
 class MpiWork final : public Work {
  public:
-  MpiWork(MPI_Request req, const char* what, const std::string& group) : req_(req), what_(what), group_(group) {}
+  MpiWork(MPI_Request req, const char* what, std::string group, double timeout_s)
+      : req_(req), what_(what), group_(std::move(group)), timeout_s_(timeout_s) {}
   ~MpiWork() override {
-    if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);  // never leave a buffer in flight
+    if (req_ != MPI_REQUEST_NULL) wait_with_deadline(&req_, what_, group_, timeout_s_);  // never leave a buffer in flight
   }
-  void wait() override { check(MPI_Wait(&req_, MPI_STATUS_IGNORE), what_, group_); }
+  void wait() override { wait_with_deadline(&req_, what_, group_, timeout_s_); }
   bool test() override {
     int done = 0;
     check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what_, group_);
@@ -53,6 +87,7 @@ class MpiWork final : public Work {
   MPI_Request req_;
   const char* what_;
   std::string group_;
+  double timeout_s_;
 };
 
 }  // namespace
@@ -107,7 +142,7 @@ std::unique_ptr<Work> MpiCommunicator::all_reduce(const Tensor& t, ReduceOp op) 
   MPI_Request r;
   check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), int(t.numel()), mpi_type(t), mpi_op(op), comm_, &r), "all_reduce", name_);
   count(CollectiveKind::kAllReduce, int64_t(2 * t.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_reduce", name_);
+  return std::make_unique<MpiWork>(r, "all_reduce", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
@@ -116,7 +151,7 @@ std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const Tensor& in, const Te
   check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(out.numel()), mpi_type(in), mpi_op(op), comm_, &r),
         "reduce_scatter", name_);
   count(CollectiveKind::kReduceScatter, int64_t(in.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "reduce_scatter", name_);
+  return std::make_unique<MpiWork>(r, "reduce_scatter", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_gather(const Tensor& in, const Tensor& out) {
@@ -125,27 +160,27 @@ std::unique_ptr<Work> MpiCommunicator::all_gather(const Tensor& in, const Tensor
   check(MPI_Iallgather(in.raw(), int(in.numel()), mpi_type(in), out.raw(), int(in.numel()), mpi_type(out), comm_, &r),
         "all_gather", name_);
   count(CollectiveKind::kAllGather, int64_t(out.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_gather", name_);
+  return std::make_unique<MpiWork>(r, "all_gather", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::broadcast(const Tensor& t, int root) {
   MPI_Request r;
   check(MPI_Ibcast(t.raw(), int(t.numel()), mpi_type(t), root, comm_, &r), "broadcast", name_);
   if (rank_ == root) count(CollectiveKind::kBroadcast, int64_t(t.nbytes()));
-  return std::make_unique<MpiWork>(r, "broadcast", name_);
+  return std::make_unique<MpiWork>(r, "broadcast", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::send(const Tensor& t, int peer, int tag) {
   MPI_Request r;
   check(MPI_Isend(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "send", name_);
   count(CollectiveKind::kSendRecv, int64_t(t.nbytes()));
-  return std::make_unique<MpiWork>(r, "send", name_);
+  return std::make_unique<MpiWork>(r, "send", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::recv(const Tensor& t, int peer, int tag) {
   MPI_Request r;
   check(MPI_Irecv(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "recv", name_);
-  return std::make_unique<MpiWork>(r, "recv", name_);
+  return std::make_unique<MpiWork>(r, "recv", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_to_all(const Tensor& in, const Tensor& out) {
@@ -154,13 +189,23 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all(const Tensor& in, const Tensor
   const int n = int(in.numel() / size_);
   check(MPI_Ialltoall(in.raw(), n, mpi_type(in), out.raw(), n, mpi_type(out), comm_, &r), "all_to_all", name_);
   count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_to_all", name_);
+  return std::make_unique<MpiWork>(r, "all_to_all", describe(), timeout_s_);
 }
 
-void MpiCommunicator::barrier() { check(MPI_Barrier(comm_), "barrier", name_); }
+void MpiCommunicator::barrier() {
+  MPI_Request r;
+  check(MPI_Ibarrier(comm_, &r), "barrier", name_);
+  wait_with_deadline(&r, "barrier", describe(), timeout_s_);
+}
 
 void MpiCommunicator::all_reduce_host(double* values, int n, ReduceOp op) {
-  check(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), comm_), "all_reduce_host", name_);
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), comm_, &r), "all_reduce", name_);
+  wait_with_deadline(&r, "all_reduce (host scalars)", describe(), timeout_s_);
+}
+
+std::string MpiCommunicator::describe() const {
+  return "dimension '" + name_ + "' (" + std::to_string(size_) + " ranks, this rank " + std::to_string(rank_) + ")";
 }
 
 }  // namespace meshtrain

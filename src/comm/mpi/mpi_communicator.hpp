@@ -48,8 +48,14 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
   void barrier() override;
   void all_reduce_host(double* values, int n, ReduceOp op) override;
+  /// Deadline of every collective issued from now on (seconds; <= 0 waits forever). When one
+  /// passes, the rank prints the collective and group and aborts the whole job (exit 3).
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  /// "dimension 'dp_replicate' (4 ranks, this rank 1)", used in watchdog messages.
+  std::string describe() const;
 
  private:
+  double timeout_s_ = 300;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
   int rank_ = 0, size_ = 1;
