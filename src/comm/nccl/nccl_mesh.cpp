@@ -1,0 +1,87 @@
+#include "comm/nccl/nccl_mesh.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "comm/mpi/mpi_communicator.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+void check(ncclResult_t r, const char* what, const char* dim) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw CommError(std::string(what) + " on dimension '" + dim + "' failed: " + ncclGetErrorString(r));
+}
+
+[[noreturn]] void abort_all(const char* what, const char* dim, const char* why) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "[rank %d] watchdog: NCCL %s on dimension '%s' %s; aborting the job\n", rank, what, dim, why);
+  std::fflush(stderr);
+  MpiRuntime::abort_job(kExitComm);
+}
+
+}  // namespace
+
+void NcclMesh::wait_ready(ncclComm_t comm, const char* what, const char* dim) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    check(ncclCommGetAsyncError(comm, &state), "ncclCommGetAsyncError", dim);
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      ncclCommAbort(comm);
+      abort_all(what, dim, ncclGetErrorString(state));
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_) {
+      ncclCommAbort(comm);
+      abort_all(what, dim, "did not complete within the init deadline");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+NcclMesh::NcclMesh(MPI_Comm world, const RankLayout& layout, double timeout_s) : timeout_s_(timeout_s) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  ncclUniqueId id;
+  if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId", "world");
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, world);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // non-blocking: the watchdog can abort a hung initialization
+  check(ncclCommInitRankConfig(&world_, size, id, rank, &config), "ncclCommInitRankConfig", "world");
+  wait_ready(world_, "ncclCommInitRankConfig", "world");
+  for (int d = 0; d < kNumMeshDims; ++d) {
+    const MeshDim dim = MeshDim(d);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    // The same colors and keys as the MPI communicators, so both sides agree on every group.
+    check(ncclCommSplit(world_, int(layout.color(dim, rank)), int(layout.key(dim, rank)), &comms_[size_t(d)], &cfg),
+          "ncclCommSplit", mesh_dim_name(dim));
+    wait_ready(comms_[size_t(d)], "ncclCommSplit", mesh_dim_name(dim));
+  }
+}
+
+void NcclMesh::check_async_errors(const char* what) {
+  for (int d = 0; d < kNumMeshDims; ++d) {
+    ncclResult_t state = ncclSuccess;
+    ncclCommGetAsyncError(comms_[size_t(d)], &state);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      for (ncclComm_t c : comms_) ncclCommAbort(c);
+      abort_all(what, mesh_dim_name(MeshDim(d)), ncclGetErrorString(state));
+    }
+  }
+}
+
+NcclMesh::~NcclMesh() {
+  for (ncclComm_t c : comms_)
+    if (c) ncclCommDestroy(c);
+  if (world_) ncclCommDestroy(world_);
+}
+
+}  // namespace meshtrain
