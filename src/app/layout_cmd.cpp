@@ -7,7 +7,7 @@
 
 #include "app/commands.hpp"
 #include "config/deck_parser.hpp"
-#include "layout/rank_layout.hpp"
+#include "layout/comm_volume.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain::app {
@@ -36,7 +36,7 @@ int cmd_layout(int argc, char** argv) {
               deck.c_str(), (long long)dims.pp, (long long)dims.dp_replicate, (long long)dims.dp_shard,
               (long long)dims.cp, (long long)dims.tp, (long long)cfg.topology.ranks_per_node,
               topo_file.empty() ? "" : (", topology " + topo_file).c_str());
-  std::fputs(layout_report(layout).c_str(), stdout);
+  std::fputs(layout_report_with_volume(layout, cfg).c_str(), stdout);
   if (!csv.empty()) {
     const std::string tmp = csv + ".tmp";
     std::ofstream(tmp) << layout_csv(layout);

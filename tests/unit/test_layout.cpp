@@ -7,7 +7,7 @@
 #include <set>
 #include <unistd.h>
 
-#include "layout/rank_layout.hpp"
+#include "layout/comm_volume.hpp"
 #include "topology/hostlist.hpp"
 #include "util/errors.hpp"
 #include "util/rng.hpp"
@@ -158,4 +158,24 @@ BOOST_AUTO_TEST_CASE(large_layouts_and_tier_counts) {
   BOOST_TEST(big.span(MeshDim::kTP).cross_node == 0);
   BOOST_TEST(big.span(MeshDim::kLoss).size == 256);
   BOOST_CHECK_THROW(RankLayout(dims(1, 1, 3, 1, 1), synthetic_places(4, 1, 0, none)), ConfigError);
+}
+
+BOOST_AUTO_TEST_CASE(communication_volume_formulas) {
+  JobConfig cfg;  // llama3 debugmodel, fp32, local batch 8, seq 2048
+  cfg.training.seq_len = 128;
+  const double p = double(cfg.model_args().num_params());
+  // DDP over 4 replicas: one all-reduce of fp32 gradients, 2·4·P·3/4 bytes.
+  ParallelDims ddp = dims(1, 4, 1, 1, 1);
+  auto v = comm_bytes_per_step(cfg, ddp);
+  BOOST_TEST(v[size_t(MeshDim::kDpReplicate)] == 2 * 4 * p * 3 / 4);
+  BOOST_TEST(v[size_t(MeshDim::kFSDP)] == 0.0);
+  // FSDP 4 with bf16 params, fp32 reduce, 2 micro-batches: 2·(2·2 + 4)·P·3/4.
+  cfg.training.mixed_precision_param = "bfloat16";
+  cfg.training.global_batch_size = 64;
+  v = comm_bytes_per_step(cfg, dims(1, 1, 4, 1, 1));
+  BOOST_TEST(v[size_t(MeshDim::kFSDP)] == 2 * (2 * 2 + 4) * p * 3 / 4);
+  // TP 2: 4 reductions per layer of b·s·h bf16 activations, all-reduce volume 2·(T−1)/T.
+  cfg.training.global_batch_size = -1;
+  v = comm_bytes_per_step(cfg, dims(1, 1, 1, 1, 2));
+  BOOST_TEST(v[size_t(MeshDim::kTP)] == 4.0 * 6 * 2 * 0.5 * 8 * 128 * 256 * 2);
 }
