@@ -53,6 +53,8 @@ RankLayout::RankLayout(const ParallelDims& dims, std::vector<RankPlace> places, 
     }
     coords_[size_t(order[size_t(p)])] = c;
   }
+  rank_at_.resize(size_t(world));
+  for (int64_t p = 0; p < world; ++p) rank_at_[size_t(p)] = order[size_t(p)];
   if (!allow_cross_node_tp && dims.tp > 1) {
     // One pass: the first node of each tp group, and the first member that lives elsewhere.
     std::vector<int64_t> first(size_t(world / dims.tp), -1);
@@ -66,6 +68,19 @@ RankLayout::RankLayout(const ParallelDims& dims, std::vector<RankPlace> places, 
                           "; tp must stay inside a node (set [topology] allow_cross_node_tp = true to allow it)");
     }
   }
+}
+
+int64_t RankLayout::pp_prev(int64_t rank) const {
+  // Coordinates were assigned in placement order with pp outermost: stage ± 1 is ± world/pp.
+  const int64_t stride = world() / dims_.pp;
+  const int64_t pos = key(MeshDim::kPP, rank) * stride + color(MeshDim::kPP, rank);
+  return coords_[size_t(rank)][0] == 0 ? -1 : rank_at_[size_t(pos - stride)];
+}
+
+int64_t RankLayout::pp_next(int64_t rank) const {
+  const int64_t stride = world() / dims_.pp;
+  const int64_t pos = key(MeshDim::kPP, rank) * stride + color(MeshDim::kPP, rank);
+  return coords_[size_t(rank)][0] + 1 == dims_.pp ? -1 : rank_at_[size_t(pos + stride)];
 }
 
 int64_t RankLayout::color(MeshDim d, int64_t rank) const {
@@ -143,13 +158,13 @@ std::string layout_csv(const RankLayout& l) {
   std::ostringstream out;
   out << "rank,host,node,rack,local_rank,pp,dp_replicate,dp_shard,cp,tp";
   for (int d = 0; d < kNumMeshDims; ++d) out << "," << mesh_dim_name(MeshDim(d)) << "_group";
-  out << "\n";
+  out << ",pp_prev,pp_next\n";
   for (int64_t r = 0; r < l.world(); ++r) {
     const RankPlace& p = l.place(r);
     out << r << "," << p.host << "," << p.node << "," << p.rack << "," << p.local_rank;
     for (int64_t c : l.coord(r)) out << "," << c;
     for (int d = 0; d < kNumMeshDims; ++d) out << "," << l.color(MeshDim(d), r);
-    out << "\n";
+    out << "," << l.pp_prev(r) << "," << l.pp_next(r) << "\n";
   }
   return out.str();
 }

@@ -60,6 +60,10 @@ class RankLayout {
   std::vector<int64_t> group(MeshDim d, int64_t rank) const;
   /// Size, count and topology span of dimension d's groups.
   GroupSpan span(MeshDim d) const;
+  /// Pipeline neighbours: the rank holding the previous / next stage with the same other
+  /// coordinates, −1 for the first / last stage.
+  int64_t pp_prev(int64_t rank) const;
+  int64_t pp_next(int64_t rank) const;
   /// Degree of each mesh axis in MeshCoord order.
   std::array<int64_t, 5> degrees() const;
 
@@ -67,13 +71,14 @@ class RankLayout {
   ParallelDims dims_;
   std::vector<RankPlace> places_;
   std::vector<MeshCoord> coords_;
+  std::vector<int64_t> rank_at_;  // rank of each coordinate tuple (row-major over the axes)
 };
 
 /// The layout report: for each dimension and derived group, its size, number of groups, the
 /// widest tier they span and how many cross each tier (text table).
 std::string layout_report(const RankLayout& layout);
-/// One CSV line per rank: rank, host, node, rack, local_rank, the five coordinates and the
-/// group color of every dimension (header line first).
+/// One CSV line per rank: rank, host, node, rack, local_rank, the five coordinates, the group
+/// color of every dimension and the pipeline neighbours (header line first).
 std::string layout_csv(const RankLayout& layout);
 
 }  // namespace meshtrain

@@ -61,6 +61,18 @@ void check_invariants(const RankLayout& l) {
     BOOST_TEST(int64_t(keys.size()) == s.groups);
     for (const auto& [c, k] : keys) BOOST_TEST(int64_t(k.size()) == s.size);
   }
+  // Pipeline neighbours differ only in the stage.
+  for (int64_t r = 0; r < w; ++r) {
+    const int64_t next = l.pp_next(r);
+    if (next < 0) {
+      BOOST_TEST(l.coord(r)[0] == l.dims().pp - 1);
+      continue;
+    }
+    BOOST_TEST(l.pp_prev(next) == r);
+    MeshCoord c = l.coord(r);
+    ++c[0];
+    BOOST_TEST((l.coord(next) == c));
+  }
   // Orthogonal single-axis dimensions meet in exactly one rank.
   const MeshDim axes[] = {MeshDim::kPP, MeshDim::kDpReplicate, MeshDim::kDpShard, MeshDim::kCP, MeshDim::kTP};
   const int64_t r0 = w / 3;
@@ -68,10 +80,11 @@ void check_invariants(const RankLayout& l) {
     for (MeshDim b : axes) {
       if (a == b) continue;
       auto ga = l.group(a, r0), gb = l.group(b, r0);
+      std::sort(ga.begin(), ga.end());
+      std::sort(gb.begin(), gb.end());
       std::vector<int64_t> both;
       std::set_intersection(ga.begin(), ga.end(), gb.begin(), gb.end(), std::back_inserter(both));
-      std::sort(ga.begin(), ga.end());
-      BOOST_TEST(both.size() <= 1u);
+      BOOST_TEST((both == std::vector<int64_t>{r0}));
     }
 }
 
