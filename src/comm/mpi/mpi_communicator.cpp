@@ -134,6 +134,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, cons
   MPI_Comm sub;
   check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name);
   auto out = std::make_unique<MpiCommunicator>(sub, name);
+  out->group_ = color;
   MPI_Comm_free(&sub);
   return out;
 }
@@ -205,7 +206,8 @@ void MpiCommunicator::all_reduce_host(double* values, int n, ReduceOp op) {
 }
 
 std::string MpiCommunicator::describe() const {
-  return "dimension '" + name_ + "' (" + std::to_string(size_) + " ranks, this rank " + std::to_string(rank_) + ")";
+  return "dimension '" + name_ + "'" + (group_ >= 0 ? " group " + std::to_string(group_) : std::string()) + " (" +
+         std::to_string(size_) + " ranks, this rank " + std::to_string(rank_) + ")";
 }
 
 }  // namespace meshtrain

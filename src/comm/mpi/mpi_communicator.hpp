@@ -51,11 +51,12 @@ class MpiCommunicator final : public Communicator {
   /// Deadline of every collective issued from now on (seconds; <= 0 waits forever). When one
   /// passes, the rank prints the collective and group and aborts the whole job (exit 3).
   void set_timeout(double seconds) { timeout_s_ = seconds; }
-  /// "dimension 'dp_replicate' (4 ranks, this rank 1)", used in watchdog messages.
+  /// "dimension 'dp_replicate' group 3 (4 ranks, this rank 1)", used in watchdog messages.
   std::string describe() const;
 
  private:
   double timeout_s_ = 300;
+  int group_ = -1;  // color this communicator was split with (-1: not split)
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
   int rank_ = 0, size_ = 1;
