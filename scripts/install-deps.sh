@@ -7,8 +7,8 @@ set_name=${1:-build}
 build_pkgs=(g++ cmake make pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
   libboost-program-options-dev libboost-test-dev libopenblas-dev libsentencepiece-dev
   nlohmann-json3-dev libspdlog-dev)
-test_pkgs=(python3-torch python3-h5py python3-numpy)
-run_pkgs=(npm python3-matplotlib)
+test_pkgs=(python3-torch python3-h5py python3-numpy python3-matplotlib)
+run_pkgs=(npm)
 case "$set_name" in
   build) pkgs=("${build_pkgs[@]}") ;;
   test) pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;
