@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "app/commands.hpp"
+#include "app/deck_args.hpp"
 #include "config/deck_parser.hpp"
 #include "config/option_registry.hpp"
 #include "util/errors.hpp"
@@ -45,17 +46,11 @@ void print_reference(bool markdown) {
 }
 
 int check(int argc, char** argv) {
-  std::string deck;
-  int64_t world = -1;
-  std::vector<std::string> overrides;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--deck" && i + 1 < argc) deck = argv[++i];
-    else if (a == "--world-size" && i + 1 < argc) world = std::atoll(argv[++i]);
-    else overrides.push_back(a);
-  }
+  const DeckArgs args = parse_deck_args(argc, argv);
+  const std::string& deck = args.deck;
+  const int64_t world = args.world_size;
   if (deck.empty() || world < 1) throw ConfigError("usage: meshtrain deck check --deck FILE --world-size N [--section.key=value ...]");
-  const JobConfig cfg = load_job_config(deck, overrides);
+  const JobConfig cfg = load_job_config(deck, args.overrides);
   const ParallelDims d = cfg.validate(world);
   const ModelArgs a = cfg.model_args();
   std::printf("%s: valid for %lld ranks\n", deck.c_str(), (long long)world);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "app/commands.hpp"
+#include "app/deck_args.hpp"
 #include "config/deck_parser.hpp"
 #include "layout/comm_volume.hpp"
 #include "util/errors.hpp"
@@ -13,20 +14,12 @@
 namespace meshtrain::app {
 
 int cmd_layout(int argc, char** argv) {
-  std::string deck, topo_file, csv;
-  int64_t world = -1;
-  std::vector<std::string> overrides;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--deck" && i + 1 < argc) deck = argv[++i];
-    else if (a == "--world-size" && i + 1 < argc) world = std::atoll(argv[++i]);
-    else if (a == "--topology" && i + 1 < argc) topo_file = argv[++i];
-    else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
-    else overrides.push_back(a);
-  }
-  if (deck.empty() || world < 1)
-    throw ConfigError("usage: meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE] [--section.key=value ...]");
-  const JobConfig cfg = load_job_config(deck, overrides);
+  const DeckArgs args = parse_deck_args(argc, argv, {"--topology", "--csv"});
+  const std::string& deck = args.deck;
+  const int64_t world = args.world_size;
+  std::string topo_file = args.values.count("--topology") ? args.values.at("--topology") : "";
+  const std::string csv = args.values.count("--csv") ? args.values.at("--csv") : "";
+  const JobConfig cfg = load_job_config(deck, args.overrides);
   const ParallelDims dims = cfg.validate_layout(world);
   if (topo_file.empty()) topo_file = cfg.topology.file;
   const Topology topo = topo_file.empty() ? Topology() : Topology::from_slurm_conf(topo_file);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "app/commands.hpp"
+#include "app/deck_args.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/deck_parser.hpp"
 #include "topology/discovery.hpp"
@@ -14,27 +15,6 @@
 #include "util/log.hpp"
 
 namespace meshtrain::app {
-
-namespace {
-
-// Splits argv into the deck path and the --section.key=value overrides.
-std::string parse_args(int argc, char** argv, std::vector<std::string>& overrides) {
-  std::string deck;
-  for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--deck" && i + 1 < argc) {
-      deck = argv[++i];
-    } else if (a.rfind("--deck=", 0) == 0) {
-      deck = a.substr(7);
-    } else {
-      overrides.push_back(a);
-    }
-  }
-  if (deck.empty()) throw ConfigError("command line: --deck FILE is required (meshtrain train --deck FILE)");
-  return deck;
-}
-
-}  // namespace
 
 int cmd_train(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
@@ -68,9 +48,9 @@ int cmd_train(int argc, char** argv) {
     return first < mpi.world_size();
   };
   if (failed([&] {
-        std::vector<std::string> overrides;
-        const std::string deck = parse_args(argc, argv, overrides);
-        cfg = load_job_config(deck, overrides);
+        const DeckArgs args = parse_deck_args(argc, argv);
+        if (args.deck.empty()) throw ConfigError("command line: --deck FILE is required (meshtrain train --deck FILE)");
+        cfg = load_job_config(args.deck, args.overrides);
         dims = cfg.validate(mpi.world_size());
         if (!cfg.topology.file.empty()) topo = Topology::from_slurm_conf(cfg.topology.file);
       }))
