@@ -19,6 +19,8 @@ int cmd_layout(int argc, char** argv) {
   const int64_t world = args.world_size;
   std::string topo_file = args.values.count("--topology") ? args.values.at("--topology") : "";
   const std::string csv = args.values.count("--csv") ? args.values.at("--csv") : "";
+  if (deck.empty() || world < 1)
+    throw ConfigError("usage: meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE] [--section.key=value ...]");
   const JobConfig cfg = load_job_config(deck, args.overrides);
   const ParallelDims dims = cfg.validate_layout(world);
   if (topo_file.empty()) topo_file = cfg.topology.file;
