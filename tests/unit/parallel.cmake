@@ -1,0 +1,2 @@
+# Sharding building blocks of the parallel module.
+meshtrain_test(test_dim0_shard SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_dim0_shard.cpp LIBS meshtrain_parallel)
