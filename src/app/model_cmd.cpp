@@ -1,4 +1,7 @@
-// `meshtrain model list` and `meshtrain model info (--name N --flavor F | --deck FILE) [--seq-len T] [--json]`.
+// `meshtrain model list` and `meshtrain model info (--name N --flavor F | --deck FILE) [--seq-len T] [--json]`:
+// the shape, parameter count and training FLOPs per token of any flavor, without building it.
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,28 +14,111 @@
 
 namespace meshtrain::app {
 
+namespace {
+
+const char* kUsage =
+    "usage: meshtrain model list | meshtrain model info (--name NAME --flavor FLAVOR | --deck FILE) [--seq-len T] "
+    "[--json]";
+
+long long ll(int64_t v) { return static_cast<long long>(v); }
+
+std::string human(double v) {
+  char buf[32];
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f B", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2f M", v / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+int list() {
+  std::printf("%-8s %-11s %12s %6s %7s %6s %4s %8s %8s\n", "name", "flavor", "parameters", "dim", "layers", "heads",
+              "kv", "ffn", "vocab");
+  for (const auto& n : model_names())
+    for (const auto& f : model_flavors(n)) {
+      const ModelArgs m = model_flavor(n, f);
+      std::printf("%-8s %-11s %12s %6lld %7lld %6lld %4lld %8lld %8lld\n", n.c_str(), f.c_str(),
+                  human(double(m.num_params())).c_str(), ll(m.dim), ll(m.n_layers), ll(m.n_heads), ll(m.n_kv_heads),
+                  ll(m.ffn_dim()), ll(m.vocab_size));
+    }
+  return kExitOk;
+}
+
+void print_json(const ModelArgs& m, int64_t seq_len) {
+  const nlohmann::json j = {
+      {"name", m.name}, {"flavor", m.flavor}, {"dim", m.dim}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
+      {"n_kv_heads", m.n_kv_heads}, {"head_dim", m.head_dim}, {"vocab_size", m.vocab_size},
+      {"multiple_of", m.multiple_of}, {"ffn_dim_multiplier", m.ffn_dim_multiplier},
+      {"ffn_hidden_dim", m.ffn_hidden_dim}, {"ffn_dim", m.ffn_dim()}, {"norm_eps", m.norm_eps},
+      {"rope_theta", m.rope_theta}, {"use_rope_scaling", m.use_rope_scaling},
+      {"rope_scaling_factor", m.rope_scaling_factor}, {"rope_low_freq_factor", m.rope_low_freq_factor},
+      {"rope_high_freq_factor", m.rope_high_freq_factor}, {"rope_original_max_seq_len", m.rope_original_max_seq_len},
+      {"qk_norm", m.qk_norm}, {"tie_word_embeddings", m.tie_word_embeddings}, {"parameters", m.num_params()},
+      {"embedding_parameters", m.num_embedding_params()}, {"seq_len", seq_len},
+      {"flops_per_token", m.flops_per_token(seq_len)}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+void print_text(const ModelArgs& m, int64_t seq_len) {
+  std::printf("%s %s\n", m.name.c_str(), m.flavor.c_str());
+  std::printf("  dim %lld, n_layers %lld, n_heads %lld, n_kv_heads %lld, head_dim %lld\n", ll(m.dim), ll(m.n_layers),
+              ll(m.n_heads), ll(m.n_kv_heads), ll(m.head_dim));
+  if (m.ffn_hidden_dim > 0)
+    std::printf("  ffn_dim %lld (ffn_hidden_dim)\n", ll(m.ffn_dim()));
+  else
+    std::printf("  ffn_dim %lld (2·4·dim/3 × ffn_dim_multiplier %g, rounded up to multiple_of %lld)\n", ll(m.ffn_dim()),
+                m.ffn_dim_multiplier > 0 ? m.ffn_dim_multiplier : 1.0, ll(m.multiple_of));
+  std::printf("  vocab_size %lld, tie_word_embeddings %s, qk_norm %s, norm_eps %g\n", ll(m.vocab_size),
+              m.tie_word_embeddings ? "true" : "false", m.qk_norm ? "true" : "false", m.norm_eps);
+  if (m.use_rope_scaling)
+    std::printf("  rope_theta %g, RoPE scaling: factor %g, low_freq_factor %g, high_freq_factor %g, original context %lld\n",
+                m.rope_theta, m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+                ll(m.rope_original_max_seq_len));
+  else
+    std::printf("  rope_theta %g, no RoPE scaling\n", m.rope_theta);
+  std::printf("  parameters %lld (%s), embedding %lld, non-embedding %lld\n", ll(m.num_params()),
+              human(double(m.num_params())).c_str(), ll(m.num_embedding_params()),
+              ll(m.num_params() - m.num_embedding_params()));
+  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·(N − N_emb) + 12·L·H·Dh·T)\n", ll(seq_len),
+              m.flops_per_token(seq_len));
+}
+
+}  // namespace
+
 int cmd_model(int argc, char** argv) {
   const std::string sub = argc > 0 ? argv[0] : "";
-  if (sub == "list") {
-    for (const auto& n : model_names()) {
-      std::printf("%s:", n.c_str());
-      for (const auto& f : model_flavors(n)) std::printf(" %s", f.c_str());
-      std::printf("\n");
-    }
+  if (sub == "--help" || sub == "-h") {
+    std::printf("%s\n", kUsage);
     return kExitOk;
   }
-  if (sub != "info") throw ConfigError("usage: meshtrain model list | meshtrain model info (--name N --flavor F | --deck FILE) [--seq-len T] [--json]");
+  if (sub == "list" && argc == 1) return list();
+  if (sub != "info") throw ConfigError(kUsage);
   std::string name = "llama3", flavor, deck;
   int64_t seq_len = -1;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--name" && i + 1 < argc) name = argv[++i];
-    else if (a == "--flavor" && i + 1 < argc) flavor = argv[++i];
-    else if (a == "--deck" && i + 1 < argc) deck = argv[++i];
-    else if (a == "--seq-len" && i + 1 < argc) seq_len = std::atoll(argv[++i]);
-    else if (a == "--json") json = true;
-    else throw ConfigError("meshtrain model info: unknown argument '" + a + "'");
+    std::string a = argv[i], value;
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq);
+    const bool valued = a == "--name" || a == "--flavor" || a == "--deck" || a == "--seq-len";
+    if (valued && eq == std::string::npos) {
+      if (i + 1 >= argc) throw ConfigError("meshtrain model info: " + a + " needs a value");
+      value = argv[++i];
+    }
+    if (a == "--name") name = value;
+    else if (a == "--flavor") flavor = value;
+    else if (a == "--deck") deck = value;
+    else if (a == "--seq-len") {
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), seq_len);
+      if (ec != std::errc() || p != value.data() + value.size() || seq_len < 1)
+        throw ConfigError("meshtrain model info: --seq-len: expected a positive integer, got " + value);
+    } else if (a == "--json" && eq == std::string::npos) json = true;
+    else throw ConfigError("meshtrain model info: unknown argument '" + std::string(argv[i]) + "' (" + kUsage + ")");
   }
   ModelArgs m;
   if (!deck.empty()) {
@@ -40,31 +126,20 @@ int cmd_model(int argc, char** argv) {
     m = cfg.model_args();
     if (seq_len < 0) seq_len = cfg.training.seq_len;
   } else {
+    const auto names = model_names();
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      throw ConfigError("meshtrain model info: unknown model '" + name + "' (models: " + join(names) + ")");
+    if (flavor.empty()) throw ConfigError("meshtrain model info: --flavor needed (" + name + ": " + join(model_flavors(name)) + ")");
     try {
       m = model_flavor(name, flavor);
-    } catch (const std::out_of_range& e) {
-      throw ConfigError("meshtrain model info: " + std::string(e.what()) + " (see meshtrain model list)");
+    } catch (const std::out_of_range&) {
+      throw ConfigError("meshtrain model info: unknown flavor '" + flavor + "' of " + name + " (flavors: " +
+                        join(model_flavors(name)) + ")");
     }
   }
-  if (seq_len < 0) seq_len = 8192;
-  if (json) {
-    nlohmann::json j = {{"name", m.name}, {"flavor", m.flavor}, {"dim", m.dim}, {"n_layers", m.n_layers},
-                        {"n_heads", m.n_heads}, {"n_kv_heads", m.n_kv_heads}, {"head_dim", m.head_dim},
-                        {"vocab_size", m.vocab_size}, {"ffn_dim", m.ffn_dim()}, {"qk_norm", m.qk_norm},
-                        {"tie_word_embeddings", m.tie_word_embeddings}, {"parameters", m.num_params()},
-                        {"embedding_parameters", m.num_embedding_params()}, {"seq_len", seq_len},
-                        {"flops_per_token", m.flops_per_token(seq_len)}};
-    std::printf("%s\n", j.dump().c_str());
-    return kExitOk;
-  }
-  std::printf("%s %s: dim %lld, n_layers %lld, n_heads %lld, n_kv_heads %lld, head_dim %lld, ffn_dim %lld, vocab %lld%s%s\n",
-              m.name.c_str(), m.flavor.c_str(), (long long)m.dim, (long long)m.n_layers, (long long)m.n_heads,
-              (long long)m.n_kv_heads, (long long)m.head_dim, (long long)m.ffn_dim(), (long long)m.vocab_size,
-              m.qk_norm ? ", qk_norm" : "", m.tie_word_embeddings ? ", tied embeddings" : "");
-  std::printf("  parameters %lld (%.3f B), embedding %lld\n", (long long)m.num_params(), m.num_params() / 1e9,
-              (long long)m.num_embedding_params());
-  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·(N − N_emb) + 12·L·H·Dh·T)\n", (long long)seq_len,
-              m.flops_per_token(seq_len));
+  if (seq_len < 0) seq_len = 8192;  // the published models' training context
+  if (json) print_json(m, seq_len);
+  else print_text(m, seq_len);
   return kExitOk;
 }
 

@@ -1,15 +1,18 @@
 #include "config/deck_parser.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "config/option_registry.hpp"
+#include "config/toml_value.hpp"
 #include "util/errors.hpp"
 
 namespace po = boost::program_options;
@@ -18,184 +21,215 @@ namespace meshtrain {
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
-// Removes a trailing # comment that is not inside a quoted string.
-std::string strip_comment(const std::string& s) {
-  bool in_str = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '"') in_str = !in_str;
-    if (s[i] == '#' && !in_str) return s.substr(0, i);
-  }
-  return s;
+// "[section] key: " for "section.key".
+std::string key_label(const std::string& dotted) {
+  const size_t dot = dotted.find('.');
+  if (dot == std::string::npos) return dotted + ": ";
+  return "[" + dotted.substr(0, dot) + "] " + dotted.substr(dot + 1) + ": ";
 }
 
 [[noreturn]] void fail(const std::string& where, const std::string& dotted, const std::string& what) {
-  const size_t dot = dotted.find('.');
-  std::string head = where + ": ";
-  if (dot != std::string::npos) head += "[" + dotted.substr(0, dot) + "] " + dotted.substr(dot + 1) + ": ";
-  throw ConfigError(head + what);
+  throw ConfigError(where + ": " + key_label(dotted) + what);
 }
 
-// Converts raw text to a typed value for option `o`; `quoted_strings` demands TOML quoting
-// (deck), the command line accepts bare strings.
-OptionValue convert(const Option& o, const std::string& raw_in, bool quoted_strings, const std::string& where) {
-  const std::string raw = trim(raw_in);
-  OptionValue v;
-  auto got = [&] { return ", got " + (raw.empty() ? std::string("nothing") : raw); };
-  if (!raw.empty() && raw.front() == '[')
-    fail(where, o.dotted(), std::string("expected ") + option_type_name(o.type) + got() + " (arrays are not allowed here)");
-  switch (o.type) {
-    case OptionType::kString:
-      if (raw.size() >= 2 && raw.front() == '"' && raw.back() == '"') v.text = raw.substr(1, raw.size() - 2);
-      else if (quoted_strings) fail(where, o.dotted(), "expected a quoted string" + got() + " (TOML strings are \"...\")");
-      else v.text = raw;
-      break;
-    case OptionType::kInt: {
-      auto [p, ec] = std::from_chars(raw.data(), raw.data() + raw.size(), v.i);
-      if (ec != std::errc() || p != raw.data() + raw.size() || raw.empty())
-        fail(where, o.dotted(), "expected integer" + got());
-      v.text = raw;
-      break;
-    }
-    case OptionType::kFloat: {
-      errno = 0;
-      char* end = nullptr;
-      v.f = std::strtod(raw.c_str(), &end);
-      if (raw.empty() || end != raw.c_str() + raw.size() || errno == ERANGE || raw.front() == '"')
-        fail(where, o.dotted(), "expected float" + got());
-      v.text = raw;
-      break;
-    }
-    case OptionType::kBool:
-      if (raw != "true" && raw != "false") fail(where, o.dotted(), "expected boolean true or false" + got());
-      v.b = raw == "true";
-      v.text = raw;
-      break;
-  }
-  const std::string rule = o.check(v);
-  if (!rule.empty()) fail(where, o.dotted(), "value " + raw + " is out of range (" + rule + ")");
-  return v;
+bool is_bare_key(const std::string& k) {
+  if (k.empty()) return false;
+  for (char c : k)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  return true;
 }
 
-// The structural pass over the deck: sections, key lines, duplicates, flat arrays. Returns
-// "section.key" -> line number. Boost.Program_options then extracts the values.
-std::map<std::string, int> scan_deck(const std::string& path, std::istream& in) {
-  std::map<std::string, int> lines;
-  std::set<std::string> sections;
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// The value as Boost.Program_options' config-file parser must see it: that parser cuts every
+// line at the first '#', even inside a string, so strings are re-quoted with '#' escaped.
+std::string po_safe(const Option& o, const OptionValue& v) {
+  auto scalar = [&](const OptionValue& s) { return o.type == OptionType::kString ? toml::quote(s.text, true) : s.text; };
+  if (!o.array) return scalar(v);
+  std::string out = "[";
+  for (size_t i = 0; i < v.items.size(); ++i) out += (i ? ", " : "") + scalar(v.items[i]);
+  return out + "]";
+}
+
+struct Scanned {
+  std::map<std::string, int> lines;  // "section.key" -> deck line
+  std::string normalized;            // the same keys and values, one per line, for program_options
+};
+
+// The structural pass over the deck, in file order: sections, key lines, duplicates, and each
+// value's type and range (so the first fault in the file is the one reported). It also records
+// each key's line number, which program_options does not report.
+Scanned scan_deck(const std::string& path, const std::string& text) {
+  Scanned out;
+  std::set<std::string> seen_sections;
   std::string section, line;
+  std::istringstream in(text);
   for (int n = 1; std::getline(in, line); ++n) {
+    if (n == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 byte-order mark
     const std::string where = path + ":" + std::to_string(n);
-    const std::string s = trim(strip_comment(line));
+    const std::string s = toml::trim(toml::strip_comment(line));
     if (s.empty()) continue;
     if (s.front() == '[') {
-      if (s.back() != ']' || s.size() < 3) throw ConfigError(where + ": malformed section header '" + s + "' (expected [section])");
-      section = trim(s.substr(1, s.size() - 2));
+      const std::string name = toml::trim(s.substr(1, s.size() >= 2 ? s.size() - 2 : 0));
+      if (s.back() != ']' || !is_bare_key(name))
+        throw ConfigError(where + ": malformed section header '" + s + "' (expected [section])");
       const auto known = option_sections();
-      if (std::find(known.begin(), known.end(), section) == known.end()) {
-        std::string list;
-        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        throw ConfigError(where + ": unknown section [" + section + "] (sections: " + list + ")");
-      }
-      if (!sections.insert(section).second) throw ConfigError(where + ": section [" + section + "] appears twice");
+      if (std::find(known.begin(), known.end(), name) == known.end())
+        throw ConfigError(where + ": unknown section [" + name + "]; did you mean [" + nearest_section(name) +
+                          "]? (sections: " + join(known) + ")");
+      if (!seen_sections.insert(name).second)
+        throw ConfigError(where + ": section [" + name + "] appears twice (TOML defines a table once)");
+      section = name;
+      out.normalized += "[" + section + "]\n";
       continue;
     }
     const size_t eq = s.find('=');
-    if (eq == std::string::npos || trim(s.substr(0, eq)).empty())
+    if (eq == std::string::npos)
       throw ConfigError(where + ": malformed line '" + s + "' (expected key = value)");
-    const std::string key = trim(s.substr(0, eq)), value = trim(s.substr(eq + 1));
-    if (section.empty()) throw ConfigError(where + ": key '" + key + "' outside any [section]");
+    const std::string key = toml::trim(s.substr(0, eq)), value = toml::trim(s.substr(eq + 1));
+    if (!is_bare_key(key))
+      throw ConfigError(where + ": malformed line '" + s + "' (a key is letters, digits, _ and -)");
+    if (section.empty()) {
+      const std::string guess = nearest_option(key);
+      throw ConfigError(where + ": key '" + key + "' outside any [section]; did you mean [" +
+                        guess.substr(0, guess.find('.')) + "] " + guess.substr(guess.find('.') + 1) + "?");
+    }
     const std::string dotted = section + "." + key;
+    const Option* o = find_option(dotted);
+    if (!o) {
+      const std::string guess = nearest_option(dotted);
+      const std::string gsec = guess.substr(0, guess.find('.')), gkey = guess.substr(guess.find('.') + 1);
+      fail(where, dotted,
+           "unknown key; did you mean '" + gkey + "'" + (gsec == section ? "" : " in [" + gsec + "]") + "?");
+    }
+    if (const auto [it, fresh] = out.lines.emplace(dotted, n); !fresh)
+      fail(where, dotted, "duplicate key (first set on line " + std::to_string(it->second) + ")");
     if (value.empty()) fail(where, dotted, "missing value (expected key = value)");
-    if (value.front() == '[' && (value.back() != ']' || value.find('[', 1) != std::string::npos))
-      fail(where, dotted, "malformed array " + value + " (only flat arrays [a, b] on one line)");
-    if (value.front() == '"' && (value.size() < 2 || value.back() != '"'))
-      fail(where, dotted, "unterminated string " + value);
-    if (!find_option(dotted)) fail(where, dotted, "unknown key; did you mean '" + nearest_option(dotted) + "'?");
-    if (!lines.emplace(dotted, n).second)
-      fail(where, dotted, "duplicate key (first set on line " + std::to_string(lines[dotted]) + ")");
+    try {
+      out.normalized += key + "=" + po_safe(*o, parse_option_value(*o, value, ValueSyntax::kDeck)) + "\n";
+    } catch (const OptionValueError& e) {
+      fail(where, dotted, e.what());
+    }
   }
-  return lines;
+  return out;
 }
 
+// Every registered key as a string-valued program_options option named "section.key"; the
+// registry converts the text afterwards, so the type rules live in one place.
 po::options_description registry_description() {
   po::options_description desc;
   for (const Option& o : option_registry()) desc.add_options()(o.dotted().c_str(), po::value<std::string>(), o.doc.c_str());
   return desc;
 }
 
-}  // namespace
-
-std::string JobConfig::origin_of(const std::string& dotted_key) const {
-  for (const auto& [k, where] : origins)
-    if (k == dotted_key) return where;
-  return deck_path.empty() ? std::string("deck") : deck_path;
+// Turns the overrides into program_options tokens, one "--section.key=value" per key (the last
+// of repeated keys wins), after checking names, the presence of a value and the value itself so
+// that the first bad override is the one reported. program_options refuses "--key=" with
+// nothing after '=', so an empty value travels as the separate tokens "--key" "".
+std::vector<std::string> normalize_overrides(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() == 2)
+      throw ConfigError("command line: unexpected argument '" + a + "' (overrides are --section.key=value)");
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const Option* o = find_option(name);
+    if (!o) {
+      const std::string what = "unknown key; did you mean '--" + nearest_option(name) + "'?";
+      if (name.find('.') == std::string::npos) throw ConfigError("command line: --" + name + ": " + what);
+      fail("command line", name, what);
+    }
+    std::string value;
+    if (eq != std::string::npos) value = a.substr(eq + 1);
+    else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) value = args[++i];
+    else if (o->type == OptionType::kBool && !o->array) value = "true";  // a bare boolean flag
+    else fail("command line", name, "missing value (--" + name + "=value)");
+    try {
+      parse_option_value(*o, value, ValueSyntax::kCommandLine);
+    } catch (const OptionValueError& e) {
+      fail("command line", name, e.what());
+    }
+    if (const auto it = index.find(name); it != index.end()) {
+      kv[it->second].second = value;
+    } else {
+      index.emplace(name, kv.size());
+      kv.emplace_back(name, value);
+    }
+  }
+  std::vector<std::string> tokens;
+  for (const auto& [name, value] : kv) {
+    if (value.empty()) {
+      tokens.push_back("--" + name);
+      tokens.push_back("");
+    } else {
+      tokens.push_back("--" + name + "=" + value);
+    }
+  }
+  return tokens;
 }
 
+std::string read_deck(const std::string& path) {
+  if (path.empty()) throw ConfigError("no deck given (--deck FILE)");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw ConfigError(path + ": cannot read deck (Is a directory)");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot read deck (" + std::strerror(errno) + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": cannot read deck (read error)");
+  return text.str();
+}
+
+}  // namespace
+
 JobConfig load_job_config(const std::string& deck_path, const std::vector<std::string>& overrides) {
-  std::ifstream in(deck_path);
-  if (!in) throw ConfigError(deck_path + ": cannot read deck (" + std::strerror(errno) + ")");
-  const auto lines = scan_deck(deck_path, in);
-  in.clear();
-  in.seekg(0);
+  const Scanned scanned = scan_deck(deck_path, read_deck(deck_path));
   const po::options_description desc = registry_description();
 
-  // Command line first: program_options keeps the first value stored, so the CLI wins.
-  po::variables_map cli_vm, deck_vm;
-  std::vector<std::string> args;
-  for (const std::string& a : overrides) {
-    if (a.rfind("--", 0) != 0) {
-      if (!args.empty() && args.back().find('=') == std::string::npos) {
-        args.push_back(a);  // value of "--section.key value"
-        continue;
-      }
-      throw ConfigError("command line: unexpected argument '" + a + "' (overrides are --section.key=value)");
-    }
-    const std::string name = a.substr(2, a.find('=') == std::string::npos ? std::string::npos : a.find('=') - 2);
-    if (!find_option(name))
-      fail("command line", name.find('.') == std::string::npos ? "?." + name : name,
-           "unknown key; did you mean '--" + nearest_option(name) + "'?");
-    args.push_back(a);
+  po::variables_map deck_vm, cli_vm;
+  try {
+    std::istringstream normalized(scanned.normalized);
+    po::store(po::parse_config_file(normalized, desc, /*allow_unregistered=*/false), deck_vm);
+  } catch (const po::error& e) {  // unreachable after the scan; kept so nothing escapes untyped
+    throw ConfigError(deck_path + ": " + e.what());
   }
   try {
-    po::store(po::command_line_parser(args).options(desc).style(po::command_line_style::allow_long |
-                                                              po::command_line_style::long_allow_adjacent |
-                                                              po::command_line_style::long_allow_next).run(),
-              cli_vm);
-  } catch (const po::multiple_occurrences& e) {
-    throw ConfigError("command line: " + std::string(e.what()) + " (give each override once)");
+    const auto style = po::command_line_style::allow_long | po::command_line_style::long_allow_adjacent |
+                       po::command_line_style::long_allow_next;
+    po::store(po::command_line_parser(normalize_overrides(overrides)).options(desc).style(style).run(), cli_vm);
   } catch (const po::error& e) {
     throw ConfigError("command line: " + std::string(e.what()));
-  }
-  try {
-    po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), deck_vm);
-  } catch (const po::error& e) {  // the structural scan catches what it can name precisely first
-    throw ConfigError(deck_path + ": " + e.what());
   }
 
   JobConfig cfg;
   cfg.deck_path = deck_path;
   for (const Option& o : option_registry()) {
     const std::string name = o.dotted();
-    if (cli_vm.count(name)) {
-      o.set(cfg, convert(o, cli_vm[name].as<std::string>(), false, "command line"));
-      cfg.origins.emplace_back(name, "command line");
-    } else if (deck_vm.count(name)) {
-      const std::string where = deck_path + ":" + std::to_string(lines.at(name));
-      o.set(cfg, convert(o, deck_vm[name].as<std::string>(), true, where));
-      cfg.origins.emplace_back(name, where);
+    const bool from_cli = cli_vm.count(name) > 0;
+    if (!from_cli && !deck_vm.count(name)) continue;
+    const std::string where = from_cli ? "command line" : deck_path + ":" + std::to_string(scanned.lines.at(name));
+    const std::string& text = (from_cli ? cli_vm : deck_vm)[name].as<std::string>();
+    try {
+      o.set(cfg, parse_option_value(o, text, from_cli ? ValueSyntax::kCommandLine : ValueSyntax::kDeck));
+    } catch (const OptionValueError& e) {
+      fail(where, name, e.what());
     }
+    cfg.origins.emplace_back(name, where);
   }
   return cfg;
 }
 
 std::string resolved_deck_toml(const JobConfig& cfg) {
   std::ostringstream out;
-  out << "# Resolved deck: every key with the value used (generated by meshtrain from "
-      << (cfg.deck_path.empty() ? std::string("defaults") : cfg.deck_path) << " and command-line overrides).\n";
+  out << "# Resolved deck: every key with the value used, written by meshtrain from "
+      << (cfg.deck_path.empty() ? std::string("the defaults") : cfg.deck_path)
+      << " and the command-line overrides.\n# Re-run with: meshtrain train --deck <this file>\n";
   std::string section;
   for (const Option& o : option_registry()) {
     if (o.section != section) {
@@ -203,7 +237,7 @@ std::string resolved_deck_toml(const JobConfig& cfg) {
       out << "\n[" << section << "]\n";
     }
     const std::string v = o.get(cfg);
-    if (v.empty()) out << "# " << o.key << " = (unset: " << o.doc << ")\n";
+    if (v.empty()) out << "# " << o.key << " = " << o.default_text << "\n";  // unset optional
     else out << o.key << " = " << v << "\n";
   }
   return out.str();

@@ -7,18 +7,31 @@
 
 namespace meshtrain {
 
-/// Reads the deck at `deck_path` (a TOML subset: `[section]`, `key = value` with strings "...",
-/// integers, floats, booleans, flat arrays [a, b], `#` comments) with Boost.Program_options, then
-/// applies `overrides` (`--section.key=value` or `--section.key value`; the command line wins).
-/// Every key is checked against the option registry for existence, type and range.
-/// @throws ConfigError, one line: `FILE:LINE: [section] key: what is wrong (rule)` (or
-///         `command line: [section] key: ...`): unknown key (with the nearest valid key), unknown
-///         or missing section, duplicate key, malformed line, wrong type, value out of range, or
-///         `FILE: cannot read deck (reason)`.
+/// Reads the deck at `deck_path` with Boost.Program_options and applies the command-line
+/// `overrides`; the command line wins over the deck, and a key given twice on the command line
+/// takes its last value (as argparse does). Keys not given keep JobConfig's defaults.
+///
+/// The deck is a TOML subset: `[section]` headers, `key = value` lines, `#` comments (whole-line
+/// and trailing), strings "..." (with TOML escapes) or '...', integers (`1_000` allowed),
+/// finite floats (`3e-4`, `0.1`), booleans `true` / `false` and one-line flat arrays `[a, b]`.
+/// Overrides are `--section.key=value`, `--section.key value`, or a bare `--section.key` for a
+/// boolean (true); their strings need no quotes. Every key is checked against the option
+/// registry for existence, type and range; cross-key rules are JobConfig::validate()'s.
+/// JobConfig::origins records, per key set, "FILE:LINE" or "command line"; deck_path is kept.
+///
+/// @throws ConfigError whose what() is one line:
+///   `FILE:LINE: [section] key: what is wrong (rule)` for an unknown key (naming the nearest
+///   valid one: "unknown key; did you mean 'lr'?"), a duplicate key, a wrong type
+///   ("expected integer, got abc"), a value out of range ("value 0 is out of range (must be > 0)");
+///   `FILE:LINE: what is wrong` for an unknown or repeated section, a key outside any section or
+///   a malformed line; `command line: [section] key: ...` (or `command line: ...`) for the same
+///   faults in an override, a stray argument or a missing value; and
+///   `FILE: cannot read deck (reason)` for a missing, unreadable or directory deck.
 JobConfig load_job_config(const std::string& deck_path, const std::vector<std::string>& overrides);
 
-/// Every registered key with its resolved value, as a deck that load_job_config() reads back to
-/// the same JobConfig (written to deck.resolved.toml by the trainer).
+/// Every registered key with the value `cfg` holds, as a deck that load_job_config() reads back
+/// to an equal JobConfig (unset optional keys are written as comments). The trainer writes it to
+/// `<dump_folder>/deck.resolved.toml`. Throws nothing.
 std::string resolved_deck_toml(const JobConfig& cfg);
 
 }  // namespace meshtrain

@@ -1,14 +1,18 @@
 #include "config/job_config.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
+#include "config/toml_value.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
 
 namespace {
 
+// Every validation message: `ORIGIN: [section] key: what is wrong (rule)`, ORIGIN being where
+// the key was set (deck line or command line) so the user edits the right place.
 [[noreturn]] void fail(const JobConfig& c, const std::string& dotted, const std::string& what) {
   const size_t dot = dotted.find('.');
   throw ConfigError(c.origin_of(dotted) + ": [" + dotted.substr(0, dot) + "] " + dotted.substr(dot + 1) + ": " + what);
@@ -20,9 +24,20 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+std::string str(int64_t v) { return std::to_string(v); }
+
 }  // namespace
 
+std::string JobConfig::origin_of(const std::string& dotted_key) const {
+  for (const auto& [k, where] : origins)
+    if (k == dotted_key) return where;
+  return deck_path.empty() ? std::string("deck") : deck_path;  // a default: the deck is where to set it
+}
+
 ModelArgs JobConfig::model_args() const {
+  const auto names = model_names();
+  if (std::find(names.begin(), names.end(), model.name) == names.end())
+    fail(*this, "model.name", "unknown model '" + model.name + "' (models: " + join(names) + ")");
   ModelArgs a;
   try {
     a = model_flavor(model.name, model.flavor);
@@ -30,13 +45,14 @@ ModelArgs JobConfig::model_args() const {
     fail(*this, "model.flavor", "unknown flavor '" + model.flavor + "' of model '" + model.name + "' (flavors: " +
                                     join(model_flavors(model.name)) + ")");
   }
+  const ModelArgs flavor = a;
   const ModelSection& m = model;
   if (m.dim) a.dim = *m.dim;
   if (m.n_layers) a.n_layers = *m.n_layers;
   if (m.n_heads) a.n_heads = *m.n_heads;
   if (m.n_kv_heads) a.n_kv_heads = *m.n_kv_heads;
-  else if (m.n_heads && a.name == "llama3" && a.n_kv_heads == model_flavor(m.name, m.flavor).n_heads)
-    a.n_kv_heads = *m.n_heads;  // a flavor without GQA keeps n_kv_heads = n_heads
+  else if (m.n_heads && flavor.n_kv_heads == flavor.n_heads)
+    a.n_kv_heads = *m.n_heads;  // a flavor without grouped-query attention keeps n_kv_heads = n_heads
   if (m.vocab_size) a.vocab_size = *m.vocab_size;
   if (m.multiple_of) a.multiple_of = *m.multiple_of;
   if (m.ffn_dim_multiplier) a.ffn_dim_multiplier = *m.ffn_dim_multiplier;
@@ -52,15 +68,20 @@ ModelArgs JobConfig::model_args() const {
   if (m.rope_original_max_seq_len) a.rope_original_max_seq_len = *m.rope_original_max_seq_len;
   if (m.head_dim) {
     a.head_dim = *m.head_dim;
-  } else if (a.name == "llama3") {
-    if (a.dim % a.n_heads) fail(*this, m.dim ? "model.dim" : "model.n_heads",
-                                "dim " + std::to_string(a.dim) + " is not divisible by n_heads " +
-                                    std::to_string(a.n_heads) + " (head_dim = dim / n_heads)");
+  } else if (a.name == "llama3") {  // Meta's Llama: head_dim = dim / n_heads; Qwen3 sets it explicitly
+    if (a.dim % a.n_heads)
+      fail(*this, m.dim ? "model.dim" : "model.n_heads",
+           "dim " + str(a.dim) + " is not divisible by n_heads " + str(a.n_heads) +
+               " (head_dim = dim / n_heads; or set head_dim)");
     a.head_dim = a.dim / a.n_heads;
   }
-  if (a.head_dim % 2) fail(*this, "model.head_dim", "head_dim " + std::to_string(a.head_dim) + " must be even (RoPE rotates pairs)");
-  if (m.use_rope_scaling && a.rope_high_freq_factor <= a.rope_low_freq_factor)
-    fail(*this, "model.rope_high_freq_factor", "must be greater than rope_low_freq_factor");
+  if (a.head_dim % 2)
+    fail(*this, m.head_dim ? "model.head_dim" : (m.dim ? "model.dim" : "model.n_heads"),
+         "head_dim " + str(a.head_dim) + " is odd (RoPE rotates pairs of channels)");
+  if (a.use_rope_scaling && a.rope_high_freq_factor <= a.rope_low_freq_factor)
+    fail(*this, m.rope_high_freq_factor ? "model.rope_high_freq_factor" : "model.rope_low_freq_factor",
+         "rope_high_freq_factor " + toml::format_float(a.rope_high_freq_factor) + " must exceed rope_low_freq_factor " +
+             toml::format_float(a.rope_low_freq_factor) + " (Llama 3.1 RoPE scaling)");
   return a;
 }
 
@@ -79,6 +100,7 @@ std::string JobConfig::dump_folder() const {
 }
 
 ParallelDims JobConfig::validate_layout(int64_t world_size) const {
+  if (world_size < 1) throw ConfigError("world size " + str(world_size) + " must be >= 1");
   const ParallelismSection& p = parallelism;
   ParallelDims d;
   d.dp_replicate = p.data_parallel_replicate_degree;
@@ -87,79 +109,80 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   d.cp = p.context_parallel_degree;
   d.ep = p.expert_parallel_degree;
   const int64_t others = d.dp_replicate * d.cp * d.tp * d.pp;
-  const std::string product = "dp_replicate " + std::to_string(d.dp_replicate) + " × cp " + std::to_string(d.cp) +
-                              " × tp " + std::to_string(d.tp) + " × pp " + std::to_string(d.pp);
+  const std::string product = "dp_replicate " + str(d.dp_replicate) + " × cp " + str(d.cp) + " × tp " + str(d.tp) +
+                              " × pp " + str(d.pp);
+  const std::string rule = " (dp_replicate × dp_shard × cp × tp × pp == world size)";
   if (p.data_parallel_shard_degree == -1) {
     if (world_size % others)
       fail(*this, "parallelism.data_parallel_shard_degree",
-           "-1 cannot fill world size " + std::to_string(world_size) + ": it is not divisible by " + product + " = " +
-               std::to_string(others) + " (dp_replicate × dp_shard × cp × tp × pp == world size)");
+           "-1 cannot fill world size " + str(world_size) + ": it is not divisible by " + product + " = " + str(others) +
+               rule);
     d.dp_shard = world_size / others;
   } else {
     d.dp_shard = p.data_parallel_shard_degree;
     if (d.world() != world_size)
       fail(*this, "parallelism.data_parallel_shard_degree",
-           product + " × dp_shard " + std::to_string(d.dp_shard) + " = " + std::to_string(d.world()) +
-               " but the world size is " + std::to_string(world_size) + " (dp_replicate × dp_shard × cp × tp × pp == world size)");
+           product + " × dp_shard " + str(d.dp_shard) + " = " + str(d.world()) + " but the world size is " +
+               str(world_size) + rule);
   }
 
   const ModelArgs a = model_args();
   if (a.n_heads % a.n_kv_heads)
-    fail(*this, "model.n_kv_heads", "n_heads " + std::to_string(a.n_heads) + " is not divisible by n_kv_heads " +
-                                        std::to_string(a.n_kv_heads) + " (grouped-query attention)");
+    fail(*this, "model.n_kv_heads", "n_heads " + str(a.n_heads) + " is not divisible by n_kv_heads " + str(a.n_kv_heads) +
+                                        " (grouped-query attention: n_heads % n_kv_heads == 0)");
   if (a.n_heads % d.tp)
-    fail(*this, "parallelism.tensor_parallel_degree", "n_heads " + std::to_string(a.n_heads) +
-                                                          " is not divisible by tp " + std::to_string(d.tp) + " (n_heads % tp == 0)");
+    fail(*this, "parallelism.tensor_parallel_degree",
+         "n_heads " + str(a.n_heads) + " is not divisible by tp " + str(d.tp) + " (n_heads % tp == 0)");
   if (a.n_kv_heads % d.tp)
-    fail(*this, "parallelism.tensor_parallel_degree", "n_kv_heads " + std::to_string(a.n_kv_heads) +
-                                                          " is not divisible by tp " + std::to_string(d.tp) + " (n_kv_heads % tp == 0)");
+    fail(*this, "parallelism.tensor_parallel_degree",
+         "n_kv_heads " + str(a.n_kv_heads) + " is not divisible by tp " + str(d.tp) + " (n_kv_heads % tp == 0)");
   if (d.cp > 1 && training.seq_len % (2 * d.cp))
-    fail(*this, "training.seq_len", "seq_len " + std::to_string(training.seq_len) + " is not divisible by 2·cp = " +
-                                        std::to_string(2 * d.cp) + " (zigzag context parallelism)");
+    fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp = " +
+                                        str(2 * d.cp) + " (zigzag context parallelism: seq_len % (2·cp) == 0)");
+  if (d.tp > 1 && (training.seq_len / d.cp) % d.tp)
+    fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
+                                        str(d.tp) + " (sequence parallelism shards each sample's tokens over tp)");
   if (d.pp > a.n_layers)
-    fail(*this, "parallelism.pipeline_parallel_degree", "pp " + std::to_string(d.pp) + " exceeds n_layers " +
-                                                            std::to_string(a.n_layers) + " (each stage needs a layer)");
-  // Dense models have no experts: any ep > 1 has nothing to shard (num_experts % ep, MoE needs pp = 1).
+    fail(*this, "parallelism.pipeline_parallel_degree",
+         "pp " + str(d.pp) + " exceeds n_layers " + str(a.n_layers) + " (each pipeline stage needs a layer)");
+  // The model families are dense: ep > 1 has no experts to shard (num_experts % ep, MoE needs pp = 1).
   if (d.ep > 1)
     fail(*this, "parallelism.expert_parallel_degree",
          "expert parallelism needs a Mixture-of-Experts model (num_experts % ep == 0); MoE is not implemented yet");
   const int64_t per_micro = training.local_batch_size * d.dp();
   if (training.global_batch_size > 0 && training.global_batch_size % per_micro)
     fail(*this, "training.global_batch_size",
-         std::to_string(training.global_batch_size) + " is not divisible by local_batch_size × dp = " +
-             std::to_string(training.local_batch_size) + " × " + std::to_string(d.dp()) +
-             " (global_batch_size % (local_batch_size × dp) == 0)");
+         str(training.global_batch_size) + " is not divisible by local_batch_size × dp = " +
+             str(training.local_batch_size) + " × " + str(d.dp()) +
+             " (global_batch_size % (local_batch_size × dp) == 0; the quotient is gradient accumulation)");
   return d;
 }
 
 ParallelDims JobConfig::validate(int64_t world_size) const {
   const ParallelDims d = validate_layout(world_size);
-  // Parsed, validated, but not implemented yet in this release.
+  // Parsed and arithmetically valid, but this release runs data-parallel replication only.
   if (d.dp_shard > 1)
     fail(*this, "parallelism.data_parallel_shard_degree",
-         "FSDP (dp_shard = " + std::to_string(d.dp_shard) +
-             ") is not implemented yet; use data_parallel_replicate_degree = world size for data parallelism");
-  if (d.tp > 1) fail(*this, "parallelism.tensor_parallel_degree", "tensor parallelism is not implemented yet");
-  if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism is not implemented yet");
-  if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism is not implemented yet");
-  if (checkpoint.enable) fail(*this, "checkpoint.enable", "checkpointing is not implemented yet");
+         "FSDP (dp_shard = " + str(d.dp_shard) + ") is not implemented yet; for data parallelism set "
+             "data_parallel_replicate_degree = " + str(d.dp_replicate * d.dp_shard) + " and data_parallel_shard_degree = 1 or -1");
+  if (d.tp > 1) fail(*this, "parallelism.tensor_parallel_degree", "tensor parallelism (tp = " + str(d.tp) + ") is not implemented yet (tp must be 1)");
+  if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
+  if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
+  if (checkpoint.enable) fail(*this, "checkpoint.enable", "checkpointing is not implemented yet (enable must be false)");
   if (training.mixed_precision_param != "float32")
-    fail(*this, "training.mixed_precision_param", "bfloat16 parameters are not implemented yet (CPU backend is fp32)");
+    fail(*this, "training.mixed_precision_param",
+         "'" + training.mixed_precision_param + "' parameters are not implemented yet (the CPU backend computes in float32)");
   if (training.mixed_precision_reduce != "float32")
-    fail(*this, "training.mixed_precision_reduce", "bfloat16 reduction is not implemented yet (CPU backend is fp32)");
-  if (activation_checkpoint.mode == "selective") {
-    const std::string& opt = activation_checkpoint.selective_ac_option;
-    if (opt == "op") fail(*this, "activation_checkpoint.selective_ac_option", "\"op\" (per-operator selective AC) is not implemented yet; use an integer N");
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(opt, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != opt.size() || n < 1)
-      fail(*this, "activation_checkpoint.selective_ac_option", "'" + opt + "' must be a positive integer N (checkpoint every N-th block)");
-  }
+    fail(*this, "training.mixed_precision_reduce",
+         "'" + training.mixed_precision_reduce + "' gradient reduction is not implemented yet (the CPU backend reduces in float32)");
+  const std::string& opt = activation_checkpoint.selective_ac_option;
+  if (activation_checkpoint.mode == "selective" && opt == "op")
+    fail(*this, "activation_checkpoint.selective_ac_option",
+         "\"op\" (per-operator selective checkpointing) is not implemented yet (use a positive integer N)");
+  const auto n = toml::parse_int(opt);
+  if (opt != "op" && (!n || *n < 1))
+    fail(*this, "activation_checkpoint.selective_ac_option",
+         "'" + opt + "' must be a positive integer N (checkpoint every N-th block)");
   return d;
 }
 

@@ -1,6 +1,6 @@
 #include "config/model_args.hpp"
 
-#include <map>
+#include <utility>
 #include <stdexcept>
 
 namespace meshtrain {
@@ -70,9 +70,12 @@ ModelArgs qwen3(const char* flavor, int64_t dim, int64_t layers, int64_t heads, 
   return a;
 }
 
-// Shapes from Meta's Llama 3 / 3.1 / 3.2 model cards and Qwen's Qwen3 config.json files.
-const std::map<std::string, std::map<std::string, ModelArgs>>& table() {
-  static const std::map<std::string, std::map<std::string, ModelArgs>> t = {
+// Shapes from Meta's Llama 3 / 3.1 / 3.2 params.json (8B, 70B, 405B: 3.1; 1B, 3B: 3.2) and Qwen's
+// Qwen3 config.json files; the debug models are TorchTitan's. Vectors, not maps, so that
+// `meshtrain model list` shows the flavors smallest first as published.
+using Flavors = std::vector<std::pair<std::string, ModelArgs>>;
+const std::vector<std::pair<std::string, Flavors>>& table() {
+  static const std::vector<std::pair<std::string, Flavors>> t = {
       {"llama3",
        {{"debugmodel", llama3("debugmodel", 256, 6, 16, 16, 0, 256, 2048, false, false, 8)},
         {"1B", llama3("1B", 2048, 16, 32, 8, 1.5, 256, 128256, true, true, 32)},
@@ -94,6 +97,17 @@ const std::map<std::string, std::map<std::string, ModelArgs>>& table() {
 
 }  // namespace
 
+namespace {
+
+template <class V>
+const V* lookup(const std::vector<std::pair<std::string, V>>& v, const std::string& key) {
+  for (const auto& [k, x] : v)
+    if (k == key) return &x;
+  return nullptr;
+}
+
+}  // namespace
+
 std::vector<std::string> model_names() {
   std::vector<std::string> out;
   for (const auto& [k, _] : table()) out.push_back(k);
@@ -102,18 +116,17 @@ std::vector<std::string> model_names() {
 
 std::vector<std::string> model_flavors(const std::string& name) {
   std::vector<std::string> out;
-  auto it = table().find(name);
-  if (it == table().end()) return out;
-  for (const auto& [k, _] : it->second) out.push_back(k);
+  if (const Flavors* f = lookup(table(), name))
+    for (const auto& [k, _] : *f) out.push_back(k);
   return out;
 }
 
 ModelArgs model_flavor(const std::string& name, const std::string& flavor) {
-  auto it = table().find(name);
-  if (it == table().end()) throw std::out_of_range("unknown model name '" + name + "'");
-  auto f = it->second.find(flavor);
-  if (f == it->second.end()) throw std::out_of_range("unknown flavor '" + flavor + "' of model '" + name + "'");
-  return f->second;
+  const Flavors* f = lookup(table(), name);
+  if (!f) throw std::out_of_range("unknown model name '" + name + "'");
+  const ModelArgs* a = lookup(*f, flavor);
+  if (!a) throw std::out_of_range("unknown flavor '" + flavor + "' of model '" + name + "'");
+  return *a;
 }
 
 }  // namespace meshtrain

@@ -1,9 +1,11 @@
 #pragma once
 /// @file The option registry: every deck key once, with its type, default, allowed values and a
-/// one-line meaning. It drives deck and command-line parsing, type and range checks,
-/// `meshtrain deck reference` and doc/deck-reference.md (DESIGN.md data flow step 1).
+/// one-line meaning, bound to its JobConfig field. It drives deck and command-line parsing, type
+/// and range checks, `meshtrain deck reference`, doc/deck-reference.md and deck.resolved.toml
+/// (DESIGN.md data flow step 1). The entries themselves are in option_table.cpp.
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,42 +13,76 @@
 
 namespace meshtrain {
 
+/// Scalar type of an option (an option may also be a flat array of one of these).
 enum class OptionType { kString, kInt, kFloat, kBool };
+/// "string", "integer", "float" or "boolean". Throws nothing.
 const char* option_type_name(OptionType t);
 
-/// A parsed scalar value of one key.
+/// How a value is written: in a deck strings must be TOML literals ("..." or '...'); on the
+/// command line bare text is a string too (`--job.description=smoke test`).
+enum class ValueSyntax { kDeck, kCommandLine };
+
+/// A parsed value of one key. Scalars fill `text` and the field of their type; arrays fill
+/// `items` (one scalar each) and `text`.
 struct OptionValue {
-  std::string text;   ///< as written (quotes removed for strings)
+  std::string text;  ///< the value as written, with string quotes removed and escapes decoded
   int64_t i = 0;
   double f = 0;
   bool b = false;
+  std::vector<OptionValue> items;  ///< array options only
 };
 
+/// A bad value: what() is "what is wrong (rule)", without the key's location (the caller
+/// prefixes `FILE:LINE: [section] key: `).
+class OptionValueError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// One deck key.
 struct Option {
   std::string section, key;
-  OptionType type;
-  std::string default_text;          ///< as shown in the reference ("(flavor)" for overrides)
+  OptionType type = OptionType::kString;
+  bool array = false;                ///< a flat array [a, b] of `type`
+  std::string default_text;          ///< as shown in the reference; "(flavor)" / "(unset)" for optionals
   std::string allowed;               ///< human-readable rule, e.g. "> 0", "linear | sqrt | cosine"
   std::string doc;                   ///< one-line meaning
-  std::vector<std::string> choices;  ///< for strings: the allowed values (empty = any)
-  std::optional<double> min, max;    ///< inclusive numeric bounds
-  bool min_exclusive = false;
+  std::vector<std::string> choices;  ///< strings: the allowed values (empty = any)
+  std::optional<double> min, max;    ///< numeric bounds
+  bool min_exclusive = false, max_exclusive = false;
   std::vector<int64_t> also_allowed;  ///< integers allowed outside [min, max] (e.g. -1 = fill)
+  /// Extra rule on a scalar: returns "" when the value is fine, else the rule broken.
+  std::function<std::string(const OptionValue&)> rule;
+  /// Stores a parsed value into its JobConfig field. Throws nothing.
   std::function<void(JobConfig&, const OptionValue&)> set;
-  std::function<std::string(const JobConfig&)> get;  ///< current value as TOML text; "" = unset
+  /// The field's current value as TOML text; "" when an optional field is unset. Throws nothing.
+  std::function<std::string(const JobConfig&)> get;
 
+  /// "section.key". Throws nothing.
   std::string dotted() const { return section + "." + key; }
-  /// Empty when v satisfies the type's range / choices, else the rule broken.
+  /// "integer", or "array of integer" for arrays. Throws nothing.
+  std::string type_name() const;
+  /// "" when `v` (each item, for arrays) satisfies the range, choices and rule; else the rule
+  /// broken, e.g. "must be > 0". Throws nothing.
   std::string check(const OptionValue& v) const;
 };
 
-/// All options, grouped by section in reference order.
+/// Parses `raw` (blanks around it ignored) as a value of option `o` and checks its range.
+/// @throws OptionValueError "expected integer, got abc", "value 0 is out of range (must be > 0)",
+///         "unterminated string ...", "malformed array ..." and the like.
+OptionValue parse_option_value(const Option& o, const std::string& raw, ValueSyntax syntax);
+
+/// All options, grouped by section in reference order. Throws nothing.
 const std::vector<Option>& option_registry();
-/// The option named "section.key", or nullptr.
+/// The option named "section.key", or nullptr. Throws nothing.
 const Option* find_option(const std::string& dotted);
-/// The registered "section.key" closest to `dotted` by edit distance (for "did you mean").
+/// The registered "section.key" a user most likely meant by the unknown `dotted`: the same key
+/// in another section if there is one, else the nearest key of the same section by edit
+/// distance, else the nearest "section.key" overall. Throws nothing.
 std::string nearest_option(const std::string& dotted);
-/// Section names in reference order.
+/// Section names in reference order. Throws nothing.
 std::vector<std::string> option_sections();
+/// The registered section nearest to `section` by edit distance. Throws nothing.
+std::string nearest_section(const std::string& section);
 
 }  // namespace meshtrain

@@ -1,0 +1,17 @@
+#pragma once
+/// @file The deck reference rendered from the option registry: what `meshtrain deck reference`
+/// prints and what doc/deck-reference.md holds (a test keeps the two equal).
+#include <string>
+
+namespace meshtrain {
+
+/// Every key grouped by section as plain text: key, type, default, allowed values, meaning.
+/// Throws nothing.
+std::string deck_reference_text();
+
+/// The same as Markdown: a generated-file header, then one table per section with the columns
+/// key, type, default, allowed, meaning. This is doc/deck-reference.md byte for byte.
+/// Throws nothing.
+std::string deck_reference_markdown();
+
+}  // namespace meshtrain

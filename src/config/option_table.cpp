@@ -1,0 +1,285 @@
+// The registry's entries: every field of every JobConfig section, in reference order. Key names,
+// defaults and meanings follow TorchTitan's job config (torchtitan/config/job_config.py) where it
+// has the key; the ranges are what the code below `config/` relies on.
+#include <type_traits>
+
+#include "config/option_table.hpp"
+#include "config/toml_value.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+using Bound = std::optional<double>;
+
+// Bounds print as people write them: "0", "1", "0.5".
+std::string bound_text(double v) {
+  return v == double(int64_t(v)) ? std::to_string(int64_t(v)) : toml::format_float(v);
+}
+
+// "> 0", "in [0, 1)", ">= 1 or -1": the human-readable form of an option's numeric range.
+std::string range_text(const Option& o) {
+  std::string t;
+  if (o.min && o.max)
+    t = std::string("in ") + (o.min_exclusive ? "(" : "[") + bound_text(*o.min) + ", " +
+        bound_text(*o.max) + (o.max_exclusive ? ")" : "]");
+  else if (o.min)
+    t = (o.min_exclusive ? "> " : ">= ") + bound_text(*o.min);
+  else if (o.max)
+    t = (o.max_exclusive ? "< " : "<= ") + bound_text(*o.max);
+  for (int64_t a : o.also_allowed) t += (t.empty() ? "" : " or ") + std::to_string(a);
+  return t.empty() ? "any" : t;
+}
+
+// Adds the entries of one section; each method binds one field of `S` (reached through `sec`).
+template <class S>
+struct Section {
+  std::vector<Option>& out;
+  std::string name;
+  S JobConfig::*sec;
+
+  Option& add(Option o, const char* key, OptionType type, std::string doc) {
+    o.section = name;
+    o.key = key;
+    o.type = type;
+    o.doc = std::move(doc);
+    out.push_back(std::move(o));
+    return out.back();
+  }
+
+  /// A string; `choices` empty = free text described by `allowed`.
+  Option& str(const char* key, std::string S::*f, std::string doc, std::vector<std::string> choices = {},
+              std::string allowed = "any") {
+    Option o;
+    o.choices = choices;
+    o.allowed = choices.empty() ? allowed : "";
+    for (size_t i = 0; i < choices.size(); ++i) o.allowed += (i ? " | " : "") + choices[i];
+    auto s = sec;
+    o.set = [s, f](JobConfig& c, const OptionValue& v) { (c.*s).*f = v.text; };
+    o.get = [s, f](const JobConfig& c) { return toml::quote((c.*s).*f); };
+    o.default_text = toml::quote(JobConfig{}.*s.*f);
+    return add(std::move(o), key, OptionType::kString, std::move(doc));
+  }
+
+  Option& integer(const char* key, int64_t S::*f, std::string doc, Bound min = {}, Bound max = {},
+                  std::vector<int64_t> also = {}) {
+    Option o;
+    o.type = OptionType::kInt;
+    o.min = min;
+    o.max = max;
+    o.also_allowed = std::move(also);
+    o.allowed = range_text(o);
+    auto s = sec;
+    o.set = [s, f](JobConfig& c, const OptionValue& v) { (c.*s).*f = v.i; };
+    o.get = [s, f](const JobConfig& c) { return std::to_string((c.*s).*f); };
+    o.default_text = std::to_string(JobConfig{}.*s.*f);
+    return add(std::move(o), key, OptionType::kInt, std::move(doc));
+  }
+
+  Option& real(const char* key, double S::*f, std::string doc, Bound min = {}, bool min_excl = false, Bound max = {},
+               bool max_excl = false) {
+    Option o;
+    o.type = OptionType::kFloat;
+    o.min = min;
+    o.min_exclusive = min_excl;
+    o.max = max;
+    o.max_exclusive = max_excl;
+    o.allowed = range_text(o);
+    auto s = sec;
+    o.set = [s, f](JobConfig& c, const OptionValue& v) { (c.*s).*f = v.f; };
+    o.get = [s, f](const JobConfig& c) { return toml::format_float((c.*s).*f); };
+    o.default_text = toml::format_float(JobConfig{}.*s.*f);
+    return add(std::move(o), key, OptionType::kFloat, std::move(doc));
+  }
+
+  Option& boolean(const char* key, bool S::*f, std::string doc) {
+    Option o;
+    o.allowed = "true | false";
+    auto s = sec;
+    o.set = [s, f](JobConfig& c, const OptionValue& v) { (c.*s).*f = v.b; };
+    o.get = [s, f](const JobConfig& c) { return std::string((c.*s).*f ? "true" : "false"); };
+    o.default_text = (JobConfig{}.*s.*f) ? "true" : "false";
+    return add(std::move(o), key, OptionType::kBool, std::move(doc));
+  }
+
+  /// An optional field: unset keeps `unset_text`'s meaning ("(flavor)": the flavor's value).
+  template <class T>
+  Option& optional(const char* key, std::optional<T> S::*f, std::string doc, const char* unset_text, Bound min = {},
+                   bool min_excl = false, Bound max = {}) {
+    constexpr OptionType type = std::is_same_v<T, bool>      ? OptionType::kBool
+                                : std::is_same_v<T, int64_t> ? OptionType::kInt
+                                                             : OptionType::kFloat;
+    Option o;
+    o.type = type;
+    o.min = min;
+    o.min_exclusive = min_excl;
+    o.max = max;
+    o.allowed = type == OptionType::kBool ? "true | false" : range_text(o);
+    o.default_text = unset_text;
+    auto s = sec;
+    o.set = [s, f](JobConfig& c, const OptionValue& v) {
+      if constexpr (type == OptionType::kBool) (c.*s).*f = v.b;
+      else if constexpr (type == OptionType::kInt) (c.*s).*f = v.i;
+      else (c.*s).*f = v.f;
+    };
+    o.get = [s, f](const JobConfig& c) -> std::string {
+      const auto& x = (c.*s).*f;
+      if (!x) return "";
+      if constexpr (type == OptionType::kBool) return *x ? "true" : "false";
+      else if constexpr (type == OptionType::kInt) return std::to_string(*x);
+      else return toml::format_float(*x);
+    };
+    return add(std::move(o), key, type, std::move(doc));
+  }
+};
+
+// selective_ac_option: "op" or a positive integer N (TorchTitan's two forms).
+std::string selective_ac_rule(const OptionValue& v) {
+  if (v.text == "op") return "";
+  const auto n = toml::parse_int(v.text);
+  return n && *n >= 1 ? "" : "must be a positive integer N or \"op\"";
+}
+
+}  // namespace
+
+std::vector<Option> build_option_table() {
+  std::vector<Option> o;
+  {
+    Section<JobSection> s{o, "job", &JobConfig::job};
+    s.str("dump_folder", &JobSection::dump_folder,
+          "run output folder (metrics.jsonl, deck.resolved.toml, checkpoints); \"\" = checkpoint/<deck file stem>/", {},
+          "path");
+    s.str("description", &JobSection::description, "free text describing the run, copied into the run's metadata");
+  }
+  {
+    Section<ModelSection> s{o, "model", &JobConfig::model};
+    s.str("name", &ModelSection::name, "model family", {"llama3", "qwen3"});
+    s.str("flavor", &ModelSection::flavor,
+          "published shape of the family (`meshtrain model list`); the [model] keys below override single fields", {},
+          "a flavor of name");
+    const char* F = "(flavor)";
+    s.optional("dim", &ModelSection::dim, "model width D", F, 1);
+    s.optional("n_layers", &ModelSection::n_layers, "number of transformer blocks", F, 1);
+    s.optional("n_heads", &ModelSection::n_heads, "query heads; n_heads % n_kv_heads == 0", F, 1);
+    s.optional("n_kv_heads", &ModelSection::n_kv_heads,
+               "key/value heads (grouped-query attention when < n_heads; llama3: follows n_heads when unset and the flavor has no GQA)",
+               F, 1);
+    s.optional("head_dim", &ModelSection::head_dim, "per-head width, even (RoPE); llama3 default dim / n_heads", F, 2);
+    s.optional("vocab_size", &ModelSection::vocab_size, "vocabulary size; must cover the dataset's tokenizer", F, 1);
+    s.optional("multiple_of", &ModelSection::multiple_of, "FFN width rounded up to a multiple of this (llama3)", F, 1);
+    s.optional("ffn_dim_multiplier", &ModelSection::ffn_dim_multiplier,
+               "FFN width multiplier applied to 2·4D/3 before rounding (llama3)", F, 0.0, true);
+    s.optional("ffn_hidden_dim", &ModelSection::ffn_hidden_dim, "explicit FFN width; overrides the llama3 formula (qwen3)", F, 1);
+    s.optional("norm_eps", &ModelSection::norm_eps, "RMSNorm epsilon", F, 0.0, true);
+    s.optional("rope_theta", &ModelSection::rope_theta, "RoPE base frequency", F, 0.0, true);
+    s.optional("qk_norm", &ModelSection::qk_norm, "per-head RMSNorm on q and k (qwen3)", F);
+    s.optional("tie_word_embeddings", &ModelSection::tie_word_embeddings, "output projection shares the token embedding", F);
+    s.optional("use_rope_scaling", &ModelSection::use_rope_scaling, "Llama 3.1 RoPE frequency scaling", F);
+    s.optional("rope_scaling_factor", &ModelSection::rope_scaling_factor, "RoPE scaling: context extension factor", F, 0.0, true);
+    s.optional("rope_low_freq_factor", &ModelSection::rope_low_freq_factor, "RoPE scaling: low-frequency factor", F, 0.0, true);
+    s.optional("rope_high_freq_factor", &ModelSection::rope_high_freq_factor,
+               "RoPE scaling: high-frequency factor (> rope_low_freq_factor)", F, 0.0, true);
+    s.optional("rope_original_max_seq_len", &ModelSection::rope_original_max_seq_len,
+               "RoPE scaling: context length the model was pretrained with", F, 1);
+  }
+  {
+    Section<OptimizerSection> s{o, "optimizer", &JobConfig::optimizer};
+    s.str("name", &OptimizerSection::name, "optimizer (decoupled weight decay, Loshchilov & Hutter 2019)", {"AdamW"});
+    s.real("lr", &OptimizerSection::lr, "peak learning rate", 0.0, true);
+    s.real("beta1", &OptimizerSection::beta1, "AdamW first-moment decay", 0.0, false, 1.0, true);
+    s.real("beta2", &OptimizerSection::beta2, "AdamW second-moment decay", 0.0, false, 1.0, true);
+    s.real("eps", &OptimizerSection::eps, "AdamW epsilon added to the root of the second moment", 0.0, true);
+    s.real("weight_decay", &OptimizerSection::weight_decay, "decoupled weight decay (multiplied by lr)", 0.0);
+    s.boolean("decay_embeddings_and_norms", &OptimizerSection::decay_embeddings_and_norms,
+              "also decay the embedding and the norm weights (off: matrices only)");
+  }
+  {
+    Section<LrSchedulerSection> s{o, "lr_scheduler", &JobConfig::lr_scheduler};
+    s.integer("warmup_steps", &LrSchedulerSection::warmup_steps, "steps of linear warmup from 0 to lr", 0);
+    s.optional("decay_ratio", &LrSchedulerSection::decay_ratio,
+               "fraction of steps spent decaying, at the end (unset: every step after warmup decays)", "(unset)", 0.0,
+               false, 1.0);
+    s.str("decay_type", &LrSchedulerSection::decay_type, "shape of the decay", {"linear", "sqrt", "cosine"});
+    s.real("min_lr_factor", &LrSchedulerSection::min_lr_factor, "final lr as a fraction of lr", 0.0, false, 1.0);
+  }
+  {
+    Section<TrainingSection> s{o, "training", &JobConfig::training};
+    s.str("dataset", &TrainingSection::dataset, "HDF5 token store written by `meshtrain data prepare`", {}, "path");
+    s.integer("local_batch_size", &TrainingSection::local_batch_size, "samples per rank per micro-batch", 1);
+    s.integer("global_batch_size", &TrainingSection::global_batch_size,
+              "samples per optimizer step over all dp ranks (-1 = local_batch_size × dp); a multiple of local × dp, the "
+              "quotient being gradient accumulation",
+              1, {}, {-1});
+    s.integer("seq_len", &TrainingSection::seq_len, "tokens per sample", 1);
+    s.real("max_norm", &TrainingSection::max_norm, "global gradient-norm clip (<= 0 disables clipping)");
+    s.integer("steps", &TrainingSection::steps, "optimizer steps", 1);
+    s.integer("seed", &TrainingSection::seed, "seed of initialization and sample order", 0);
+    s.str("mixed_precision_param", &TrainingSection::mixed_precision_param,
+          "parameter dtype in forward and backward (bfloat16: CUDA backend, not implemented yet)", {"float32", "bfloat16"});
+    s.str("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
+          "gradient reduction dtype (bfloat16: CUDA backend, not implemented yet)", {"float32", "bfloat16"});
+  }
+  {
+    Section<ParallelismSection> s{o, "parallelism", &JobConfig::parallelism};
+    s.integer("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree,
+              "data-parallel replicas (DDP; HSDP with dp_shard > 1)", 1);
+    s.integer("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
+              "FSDP shard group size (-1 = world / the other degrees; > 1 not implemented yet)", 1, {}, {-1});
+    s.integer("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
+              "tensor-parallel degree (> 1 not implemented yet)", 1);
+    s.integer("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
+              "pipeline stages (> 1 not implemented yet)", 1);
+    s.integer("context_parallel_degree", &ParallelismSection::context_parallel_degree,
+              "context-parallel degree, ring attention (> 1 not implemented yet)", 1);
+    s.integer("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
+              "expert-parallel degree, MoE only (> 1 not implemented yet)", 1);
+  }
+  {
+    Section<ActivationCheckpointSection> s{o, "activation_checkpoint", &JobConfig::activation_checkpoint};
+    s.str("mode", &ActivationCheckpointSection::mode, "activation checkpointing (recompute in backward)",
+          {"none", "selective", "full"});
+    s.str("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
+          "mode = selective: \"N\" recomputes every N-th block; \"op\" (per operator) is not implemented yet", {},
+          "positive integer N | op")
+        .rule = selective_ac_rule;
+  }
+  {
+    Section<MetricsSection> s{o, "metrics", &JobConfig::metrics};
+    s.integer("log_freq", &MetricsSection::log_freq, "steps between metric lines (the first and last step always log)", 1);
+  }
+  {
+    Section<ValidationSection> s{o, "validation", &JobConfig::validation};
+    s.boolean("enable", &ValidationSection::enable, "compute the validation loss during training");
+    s.integer("freq", &ValidationSection::freq, "steps between validations (and after the last step)", 1);
+    s.integer("steps", &ValidationSection::steps, "global batches per validation (-1 = the whole validation split)", 1, {},
+              {-1});
+  }
+  {
+    Section<CheckpointSection> s{o, "checkpoint", &JobConfig::checkpoint};
+    s.boolean("enable", &CheckpointSection::enable, "save sharded HDF5 checkpoints (not implemented yet)");
+    s.str("folder", &CheckpointSection::folder, "checkpoint folder inside dump_folder", {}, "path");
+    s.integer("interval", &CheckpointSection::interval, "steps between checkpoints", 1);
+    s.integer("keep_latest_k", &CheckpointSection::keep_latest_k, "checkpoints kept (0 = all)", 0);
+    s.integer("load_step", &CheckpointSection::load_step, "step to resume from (-1 = the latest)", -1);
+  }
+  {
+    Section<TopologySection> s{o, "topology", &JobConfig::topology};
+    s.str("file", &TopologySection::file, "Slurm topology.conf (tree plugin) giving each node's top-of-rack switch; \"\" = none",
+          {}, "path");
+    s.integer("ranks_per_node", &TopologySection::ranks_per_node, "ranks per node when placement is simulated", 1);
+    s.integer("nodes_per_rack", &TopologySection::nodes_per_rack, "synthetic racks of this many nodes (0 = one rack)", 0);
+    s.boolean("allow_cross_node_tp", &TopologySection::allow_cross_node_tp, "allow tensor-parallel groups to span nodes");
+    s.boolean("simulate", &TopologySection::simulate,
+              "place ranks on synthetic nodes of ranks_per_node instead of the real hosts (tests, rehearsals)");
+  }
+  {
+    Section<CommSection> s{o, "comm", &JobConfig::comm};
+    s.real("init_timeout_seconds", &CommSection::init_timeout_seconds,
+           "deadline of each collective until the first step completes; a missed one aborts the job", 0.0, true);
+    s.real("train_timeout_seconds", &CommSection::train_timeout_seconds,
+           "deadline of each collective after the first step", 0.0, true);
+  }
+  return o;
+}
+
+}  // namespace meshtrain
