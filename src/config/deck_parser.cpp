@@ -93,10 +93,11 @@ Scanned scan_deck(const std::string& path, const std::string& text) {
     const std::string key = toml::trim(s.substr(0, eq)), value = toml::trim(s.substr(eq + 1));
     if (!is_bare_key(key))
       throw ConfigError(where + ": malformed line '" + s + "' (a key is letters, digits, _ and -)");
-    if (section.empty()) {
-      const std::string guess = nearest_option(key);
-      throw ConfigError(where + ": key '" + key + "' outside any [section]; did you mean [" +
-                        guess.substr(0, guess.find('.')) + "] " + guess.substr(guess.find('.') + 1) + "?");
+    if (section.empty()) {  // name the section only when the key exists in one
+      const std::string guess = nearest_option(key), gkey = guess.substr(guess.find('.') + 1);
+      throw ConfigError(where + ": key '" + key + "' outside any [section]" +
+                        (gkey == key ? "; did you mean [" + guess.substr(0, guess.find('.')) + "] " + key + "?"
+                                     : " (a deck starts with a [section] header)"));
     }
     const std::string dotted = section + "." + key;
     const Option* o = find_option(dotted);

@@ -1,7 +1,7 @@
 #include "config/option_registry.hpp"
 
 #include <algorithm>
-#include <limits>
+#include <utility>
 
 #include "config/option_table.hpp"
 #include "config/toml_value.hpp"
@@ -145,6 +145,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+bool is_abbreviation(const std::string& typed, const std::string& name) {
+  if (typed.empty() || name.empty() || typed[0] != name[0]) return false;
+  size_t j = 0;
+  for (char c : name)
+    if (j < typed.size() && typed[j] == c) ++j;
+  return j == typed.size();
+}
+
+// Abbreviations first ("dp_shard" -> "data_parallel_shard_degree", "ckpt" -> "checkpoint"),
+// then edit distance.
+std::pair<int, size_t> suggestion_cost(const std::string& typed, const std::string& name) {
+  return {is_abbreviation(typed, name) ? 0 : 1, edit_distance(typed, name)};
+}
+
 }  // namespace
 
 std::string nearest_option(const std::string& dotted) {
@@ -158,11 +172,11 @@ std::string nearest_option(const std::string& dotted) {
   const auto sections = option_sections();
   const bool known_section = std::find(sections.begin(), sections.end(), section) != sections.end();
   std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
+  std::pair<int, size_t> best_cost{2, 0};
   for (const Option& o : option_registry()) {
     if (known_section && o.section != section) continue;
-    const size_t d = known_section ? edit_distance(key, o.key) : edit_distance(dotted, o.dotted());
-    if (d < best_d) best_d = d, best = o.dotted();
+    const auto cost = known_section ? suggestion_cost(key, o.key) : suggestion_cost(dotted, o.dotted());
+    if (best.empty() || cost < best_cost) best_cost = cost, best = o.dotted();
   }
   return best;
 }
@@ -176,9 +190,9 @@ std::vector<std::string> option_sections() {
 
 std::string nearest_section(const std::string& section) {
   std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
+  std::pair<int, size_t> best_cost{2, 0};
   for (const std::string& s : option_sections())
-    if (const size_t d = edit_distance(section, s); d < best_d) best_d = d, best = s;
+    if (const auto cost = suggestion_cost(section, s); best.empty() || cost < best_cost) best_cost = cost, best = s;
   return best;
 }
 

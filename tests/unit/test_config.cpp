@@ -63,7 +63,9 @@ BOOST_AUTO_TEST_CASE(unknown_section_and_key_outside_any_section) {
   const std::string e = error_of("[trainig]\nsteps = 1\n");
   BOOST_TEST(has(e, ".toml:1: unknown section [trainig]; did you mean [training]? (sections: job, model,"), e);
   BOOST_TEST(has(error_of("steps = 1\n"), ".toml:1: key 'steps' outside any [section]; did you mean [training] steps?"));
-  BOOST_TEST(has(error_of("# comment\n\nlr = 1\n"), ".toml:3: key 'lr' outside any [section]"));
+  BOOST_TEST(has(error_of("# comment\n\nlr = 1\n"), ".toml:3: key 'lr' outside any [section]; did you mean [optimizer] lr?"));
+  BOOST_TEST(has(error_of("foo = 1\n"), ".toml:1: key 'foo' outside any [section] (a deck starts with a [section] header)"));
+  BOOST_TEST(has(error_of("[ckpt]\n"), "unknown section [ckpt]; did you mean [checkpoint]?"));
 }
 
 BOOST_AUTO_TEST_CASE(wrong_types) {

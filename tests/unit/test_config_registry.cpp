@@ -179,8 +179,11 @@ BOOST_AUTO_TEST_CASE(nearest_option_suggestions) {
   BOOST_TEST(nearest_option("optimizer.lrr") == "optimizer.lr");
   BOOST_TEST(nearest_option("training.lr") == "optimizer.lr");         // right key, wrong section
   BOOST_TEST(nearest_option("trainig.seq_len") == "training.seq_len");  // unknown section: nearest overall
-  BOOST_TEST(nearest_option("parallelism.tp") != "");
+  BOOST_TEST(nearest_option("parallelism.dp_shard") == "parallelism.data_parallel_shard_degree");  // abbreviation
+  BOOST_TEST(nearest_option("parallelism.tp") == "parallelism.tensor_parallel_degree");
+  BOOST_TEST(nearest_option("training.seqlen") == "training.seq_len");
   BOOST_TEST(nearest_section("optimiser") == "optimizer");
+  BOOST_TEST(nearest_section("ckpt") == "checkpoint");
 }
 
 // ---- the generated reference ---------------------------------------------------------------
