@@ -160,11 +160,14 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
 
 ParallelDims JobConfig::validate(int64_t world_size) const {
   const ParallelDims d = validate_layout(world_size);
-  // Parsed and arithmetically valid, but this release runs data-parallel replication only.
-  if (d.dp_shard > 1)
-    fail(*this, "parallelism.data_parallel_shard_degree",
-         "FSDP (dp_shard = " + str(d.dp_shard) + ") is not implemented yet; for data parallelism set "
-             "data_parallel_replicate_degree = " + str(d.dp_replicate * d.dp_shard) + " and data_parallel_shard_degree = 1 or -1");
+  if (parallelism.zero_stage < 3 && d.dp_shard == 1)
+    fail(*this, "parallelism.zero_stage",
+         "ZeRO-" + str(parallelism.zero_stage) + " shards over the dp_shard group, but data_parallel_shard_degree is 1 "
+         "(zero_stage 1 or 2 needs dp_shard > 1; plain DDP needs no zero_stage)");
+  if (parallelism.zero_stage < 3 && parallelism.fsdp_reshard_after_forward != "default")
+    fail(*this, "parallelism.fsdp_reshard_after_forward",
+         "\"" + parallelism.fsdp_reshard_after_forward + "\" applies to sharded parameters (zero_stage 3), but zero_stage is " +
+             str(parallelism.zero_stage) + " (parameters stay replicated)");
   if (d.tp > 1) fail(*this, "parallelism.tensor_parallel_degree", "tensor parallelism (tp = " + str(d.tp) + ") is not implemented yet (tp must be 1)");
   if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");

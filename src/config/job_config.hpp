@@ -69,6 +69,12 @@ struct ParallelismSection {
   int64_t pipeline_parallel_degree = 1;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
+  /// Sharded data parallelism over the dp_shard group (Rajbhandari et al. 2020, ZeRO): 1 shards
+  /// the optimizer state, 2 also the gradients, 3 also the parameters (= FSDP).
+  int64_t zero_stage = 3;
+  /// FSDP: free a unit's all-gathered parameters after its forward ("default" = "always" when
+  /// pp == 1, TorchTitan's rule) and gather them again for its backward; "never" keeps them.
+  std::string fsdp_reshard_after_forward = "default";
 };
 
 /// [activation_checkpoint]

@@ -224,7 +224,7 @@ std::vector<Option> build_option_table() {
     s.integer("data_parallel_replicate_degree", &ParallelismSection::data_parallel_replicate_degree,
               "data-parallel replicas (DDP; HSDP with dp_shard > 1)", 1);
     s.integer("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
-              "FSDP shard group size (-1 = world / the other degrees; > 1 not implemented yet)", 1, {}, {-1});
+              "FSDP / ZeRO shard group size (-1 = world / the other degrees)", 1, {}, {-1});
     s.integer("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
               "tensor-parallel degree (> 1 not implemented yet)", 1);
     s.integer("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
@@ -233,6 +233,12 @@ std::vector<Option> build_option_table() {
               "context-parallel degree, ring attention (> 1 not implemented yet)", 1);
     s.integer("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
               "expert-parallel degree, MoE only (> 1 not implemented yet)", 1);
+    s.integer("zero_stage", &ParallelismSection::zero_stage,
+              "what dp_shard > 1 shards: 1 optimizer state (ZeRO-1), 2 + gradients (ZeRO-2), 3 + parameters (FSDP)", 1, 3);
+    s.str("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
+          "FSDP: free gathered parameters after each unit's forward and re-gather them for backward "
+          "(default = always when pp == 1)",
+          {"default", "always", "never"});
   }
   {
     Section<ActivationCheckpointSection> s{o, "activation_checkpoint", &JobConfig::activation_checkpoint};

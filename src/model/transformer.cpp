@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 #include <vector>
 
 #include "model/init.hpp"
@@ -14,7 +15,7 @@ namespace {
 constexpr int64_t kAlign = 16;  // elements: 64-byte aligned parameter views
 }
 
-Transformer::Transformer(const ModelArgs& args, Device& dev) : args_(args), dev_(dev) {
+Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage) : args_(args), dev_(dev) {
   auto emb = std::make_unique<Embedding>(args);
   Parameter* tied = &emb->weight;
   owned_.push_back(std::move(emb));
@@ -31,11 +32,12 @@ Transformer::Transformer(const ModelArgs& args, Device& dev) : args_(args), dev_
     }
     unit_ranges_.emplace_back(first, params_.size());
   }
-  flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
-  flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
+  flat_elems_ = total;
+  if (storage.params) flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
+  if (storage.grads) flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
   for (Parameter* p : params_) {
-    p->value = flat_params_.view(p->shape, p->flat_offset);
-    p->grad = flat_grads_.view(p->shape, p->flat_offset);
+    if (storage.params) p->value = flat_params_.view(p->shape, p->flat_offset);
+    if (storage.grads) p->grad = flat_grads_.view(p->shape, p->flat_offset);
   }
 }
 
@@ -45,6 +47,7 @@ std::vector<Parameter*> Transformer::unit_parameters(size_t u) const {
 }
 
 void Transformer::init_weights(uint64_t seed) {
+  if (!flat_params_.defined()) throw std::logic_error("init_weights on a model without replicated parameters");
   for (Parameter* p : params_) {
     std::vector<float> host(size_t(p->value.numel()));
     init_range(*p, seed, 0, p->value.numel(), host.data());
@@ -52,7 +55,9 @@ void Transformer::init_weights(uint64_t seed) {
   }
 }
 
-void Transformer::zero_grad() { dev_.fill(flat_grads_, 0.0f); }
+void Transformer::zero_grad() {
+  if (flat_grads_.defined()) dev_.fill(flat_grads_, 0.0f);
+}
 
 StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale,
                                       bool need_backward) {

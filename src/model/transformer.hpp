@@ -10,14 +10,25 @@
 
 namespace meshtrain {
 
+/// Which replicated (full, unsharded) buffers the model allocates itself. Sharded data
+/// parallelism leaves out what it shards: ZeRO-2 the gradients, FSDP (ZeRO-3) both; it then
+/// binds Parameter::value / grad to its own per-unit buffers while a unit is gathered.
+struct ModelStorage {
+  bool params = true;
+  bool grads = true;
+};
+
 class Transformer {
  public:
-  /// Builds the layers and allocates parameters (kParameters) and zeroed gradients
-  /// (kGradients) on `dev`. Values are uninitialized until init_weights().
-  Transformer(const ModelArgs& args, Device& dev);
+  /// Builds the layers and, per `storage`, allocates parameters (kParameters) and zeroed
+  /// gradients (kGradients) on `dev` in one flat buffer each. Values are uninitialized until
+  /// init_weights().
+  Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {});
 
   /// Layer-independent initialization: element i of parameter p is a pure function of
   /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
+  /// @throws std::logic_error when the model does not hold its parameters (FSDP initializes
+  /// its shards itself).
   void init_weights(uint64_t seed);
 
   const ModelArgs& args() const { return args_; }
@@ -27,10 +38,13 @@ class Transformer {
   const std::vector<Parameter*>& parameters() const { return params_; }
   /// Parameters of unit u, a contiguous range of the flat buffers.
   std::vector<Parameter*> unit_parameters(size_t u) const;
-  /// The flat buffers: [total elements] each; parameter views index into them.
+  /// The flat buffers: [total elements] each; parameter views index into them. Undefined
+  /// tensors when `storage` left them out.
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
-  /// Sets every gradient to zero.
+  /// Elements of the flat buffers (every parameter padded to 16 elements, 64 bytes).
+  int64_t flat_elems() const { return flat_elems_; }
+  /// Sets every replicated gradient to zero (no-op when the model holds no gradients).
   void zero_grad();
   /// RoPE tables cos, sin [seq_len, head_dim/2] (Su et al. 2021, with Llama 3.1 frequency
   /// scaling when args.use_rope_scaling), computed once per seq_len and cached.
@@ -49,6 +63,7 @@ class Transformer {
   std::vector<Parameter*> params_;
   std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
   Tensor flat_params_, flat_grads_;
+  int64_t flat_elems_ = 0;
   int64_t rope_len_ = -1;
   Tensor rope_cos_, rope_sin_;
 };

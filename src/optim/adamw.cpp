@@ -4,9 +4,19 @@
 
 namespace meshtrain {
 
-AdamW::AdamW(Transformer& model, Device& dev, const OptimizerSection& cfg) : model_(model), dev_(dev), cfg_(cfg) {
-  m_ = dev.zeros(model.flat_params().shape(), DType::kF32, MemCategory::kOptimizer);
-  v_ = dev.zeros(model.flat_params().shape(), DType::kF32, MemCategory::kOptimizer);
+namespace {
+constexpr int64_t kAlign = 16;  // elements: 64-byte aligned state views
+}
+
+AdamW::AdamW(const std::vector<LocalShard>& shards, Device& dev, const OptimizerSection& cfg)
+    : shards_(shards), dev_(dev), cfg_(cfg) {
+  int64_t total = 0;
+  for (const LocalShard& s : shards) {
+    offsets_.push_back(total);
+    total += (s.value.numel() + kAlign - 1) / kAlign * kAlign;
+  }
+  m_ = dev.zeros({std::max<int64_t>(total, 1)}, DType::kF32, MemCategory::kOptimizer);
+  v_ = dev.zeros({std::max<int64_t>(total, 1)}, DType::kF32, MemCategory::kOptimizer);
 }
 
 void AdamW::step(float lr) {
@@ -17,21 +27,23 @@ void AdamW::step(float lr) {
   p.beta2 = float(cfg_.beta2);
   p.eps = float(cfg_.eps);
   p.step = t_;
-  for (Parameter* param : model_.parameters()) {
-    p.weight_decay = (param->weight_decay || cfg_.decay_embeddings_and_norms) ? float(cfg_.weight_decay) : 0.0f;
-    const int64_t n = param->value.numel();
-    dev_.adamw(param->value.view({n}), param->grad.view({n}), m_.view({n}, param->flat_offset),
-               v_.view({n}, param->flat_offset), p);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const LocalShard& s = shards_[i];
+    const int64_t n = s.value.numel();
+    if (n == 0) continue;  // a tensor with fewer rows than the shard group
+    p.weight_decay = (s.param->weight_decay || cfg_.decay_embeddings_and_norms) ? float(cfg_.weight_decay) : 0.0f;
+    dev_.adamw(s.value, s.grad, m_.view({n}, offsets_[i]), v_.view({n}, offsets_[i]), p);
   }
 }
 
-double grad_norm(Device& dev, const Transformer& model) { return std::sqrt(dev.sum_squares(model.flat_grads())); }
+double grad_norm(Device& dev, GradientSync& sync) { return std::sqrt(sync.grad_sum_squares(dev)); }
 
-double clip_grad_norm(Device& dev, const Transformer& model, double norm, double max_norm) {
+double clip_grad_norm(Device& dev, const std::vector<LocalShard>& shards, double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
   const double s = max_norm / (norm + 1e-6);
   if (s >= 1.0) return 1.0;
-  dev.scale(model.flat_grads(), float(s));
+  for (const LocalShard& ls : shards)
+    if (ls.grad.numel() > 0) dev.scale(ls.grad, float(s));
   return s;
 }
 

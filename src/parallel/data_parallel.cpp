@@ -1,8 +1,11 @@
 #include "parallel/data_parallel.hpp"
 
+#include <chrono>
+
 namespace meshtrain {
 
-DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes) : comm_(comm) {
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes) : model_(model), comm_(comm) {
+  shards_ = replicated_shards(model);
   const auto& units = model.units();
   const Tensor& flat = model.flat_grads();
   const int64_t total = flat.numel();
@@ -38,8 +41,18 @@ void DataParallel::poll() {
 }
 
 void DataParallel::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto& w : pending_) w->wait();
   pending_.clear();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double DataParallel::grad_sum_squares(Device& dev) { return dev.sum_squares(model_.flat_grads()); }
+
+double DataParallel::take_comm_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
 }
 
 std::vector<int64_t> DataParallel::bucket_sizes() const {

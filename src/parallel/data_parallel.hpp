@@ -8,14 +8,15 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "graph/executor.hpp"
 #include "model/transformer.hpp"
+#include "parallel/grad_sync.hpp"
 
 namespace meshtrain {
 
-class DataParallel final : public UnitHooks {
+class DataParallel final : public GradientSync {
  public:
-  /// bucket_bytes: target bucket size (a bucket holds whole units; the last may be larger).
+  /// `model` must hold replicated parameters and gradients. bucket_bytes: target bucket size
+  /// (a bucket holds whole units; the last may be larger).
   DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes = 25 << 20);
   /// Arms the all-reduces: call with true before the last micro-batch of a step.
   void set_sync(bool sync) { sync_ = sync; }
@@ -27,17 +28,28 @@ class DataParallel final : public UnitHooks {
   /// Number of buckets and their sizes in elements (for tests and reports).
   std::vector<int64_t> bucket_sizes() const;
 
+  void begin_micro_batch(int64_t m, int64_t accum) override { set_sync(m + 1 == accum); }
+  void begin_evaluation() override { set_sync(false); }
+  void finish_gradients() override { finish(); }
+  const std::vector<LocalShard>& local_shards() const override { return shards_; }
+  /// Local Σ g² over the flat gradient buffer: every rank holds the same reduced gradients.
+  double grad_sum_squares(Device& dev) override;
+  double take_comm_wait_seconds() override;
+
  private:
   void poll();  // drives MPI progress of in-flight buckets
   struct Bucket {
     size_t first_unit, last_unit;  // inclusive range of units
     Tensor grads;                  // view of the flat gradient buffer
   };
+  Transformer& model_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
   std::vector<std::unique_ptr<Work>> pending_;
+  std::vector<LocalShard> shards_;
   bool sync_ = false;
+  double wait_s_ = 0;
 };
 
 }  // namespace meshtrain

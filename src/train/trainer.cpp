@@ -20,6 +20,7 @@
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
 
@@ -46,16 +47,27 @@ std::string human_bytes(double b) {
 /// Mean validation loss over the first `max_steps` global batches of the validation split (all of
 /// it when < 0), read in order; chunks of local_batch samples are dealt round-robin to the dp
 /// ranks, so the samples, and hence the value, do not depend on the layout.
-double validate_loss(Device& dev, Transformer& model, Executor& exec, const DataLoader& val, Communicator& dp,
-                     int64_t local_batch, int64_t global_batch, int64_t max_steps) {
+double validate_loss(Device& dev, Transformer& model, Executor& exec, GradientSync& sync, const DataLoader& val,
+                     Communicator& dp, int64_t local_batch, int64_t global_batch, int64_t max_steps) {
   const int64_t t = val.seq_len();
+  sync.begin_evaluation();
   const int64_t total = max_steps < 0 ? val.num_samples() : std::min(val.num_samples(), max_steps * global_batch);
   double sums[2] = {0, 0};
   std::vector<int32_t> samples;
   for (int64_t start = 0; start < total; start += local_batch * dp.size()) {
     const int64_t first = start + dp.rank() * local_batch;
     const int64_t n = std::max<int64_t>(0, std::min(local_batch, total - first));
-    if (n == 0) continue;
+    if (n == 0) {
+      // A rank past the end of the split still takes part in the collectives of a forward
+      // that gathers parameters; it runs one sample it does not count.
+      if (sync.forward_is_collective()) {
+        samples.resize(size_t(t + 1));
+        val.fetch(0, 1, samples.data());
+        StepContext idle = model.make_context(samples.data(), 1, t, 0.0f, /*need_backward=*/false);
+        exec.forward(idle);
+      }
+      continue;
+    }
     samples.resize(size_t(n * (t + 1)));
     val.fetch(first, n, samples.data());
     StepContext ctx = model.make_context(samples.data(), n, t, 0.0f, /*need_backward=*/false);
@@ -99,16 +111,31 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   bool peak_measured = false;
   const double peak = dev.peak_flops(&peak_measured);
 
-  Transformer model(args, dev);
-  model.init_weights(uint64_t(cfg.training.seed));
+  // dp_shard > 1 shards over the fsdp group (ZeRO-1/2/3, HSDP with dp_replicate > 1); else DDP.
+  Communicator& fsdp_comm = comms.get(MeshDim::kFSDP);
+  const bool sharded = fsdp_comm.size() > 1;
+  const int zero_stage = sharded ? int(cfg.parallelism.zero_stage) : 0;
+  Transformer model(args, dev, sharded ? model_storage_for(zero_stage) : ModelStorage{});
+  std::unique_ptr<GradientSync> sync;
+  if (sharded) {
+    ShardedOptions so;
+    so.zero_stage = zero_stage;
+    // TorchTitan's "default": reshard after forward unless pipeline parallel (pp == 1 here).
+    so.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward != "never";
+    auto sdp = std::make_unique<ShardedDataParallel>(model, dev, fsdp_comm, &comms.get(MeshDim::kDpReplicate), so);
+    sdp->init_weights(uint64_t(cfg.training.seed));
+    sync = std::move(sdp);
+  } else {
+    model.init_weights(uint64_t(cfg.training.seed));
+    sync = std::make_unique<DataParallel>(model, comms.get(MeshDim::kDpReplicate));
+  }
   std::vector<int64_t> block_index;
   for (size_t u = 0; u < model.units().size(); ++u)
     block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
   Executor exec(model.units(), block_index,
                 CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option));
-  DataParallel ddp(model, comms.get(MeshDim::kDpReplicate));
-  exec.set_hooks(&ddp);
-  AdamW opt(model, dev, cfg.optimizer);
+  exec.set_hooks(sync.get());
+  AdamW opt(sync->local_shards(), dev, cfg.optimizer);
   LrSchedule schedule(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
 
   const std::filesystem::path out_dir = cfg.dump_folder();
@@ -120,7 +147,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   const double flops_per_token = args.flops_per_token(seq_len);
   log::info("meshtrain: " + args.name + " " + args.flavor + ", " + std::to_string(args.num_params()) +
             " parameters, " + fmt("%.3g", flops_per_token) + " FLOPs/token; world " + std::to_string(world.size()) +
-            " (dp_replicate " + std::to_string(dims.dp_replicate) + "); global batch " + std::to_string(global_batch) +
+            " (dp_replicate " + std::to_string(dims.dp_replicate) + ", dp_shard " + std::to_string(dims.dp_shard) +
+            (sharded ? (zero_stage == 3 ? ", FSDP" : ", ZeRO-" + std::to_string(zero_stage)) : std::string()) +
+            "); global batch " + std::to_string(global_batch) +
             " x " + std::to_string(seq_len) + " tokens, grad accumulation " + std::to_string(accum) + "; peak " +
             fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + ")");
   log::info("layout:\n" + layout_report(layout));
@@ -139,28 +168,46 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     const MemoryStats m = dev.allocator()->stats();
     for (int c = 0; c < kNumMemCategories; ++c) run_peak[c] = std::max(run_peak[c], m.peak[c]);
   };
+  // Bytes each mesh communicator has sent so far (per collective kind), for per-step deltas.
+  auto comm_bytes_now = [&] {
+    std::array<std::array<int64_t, int(CollectiveKind::kCount)>, kNumMeshDims> b{};
+    for (int d = 0; d < kNumMeshDims; ++d) b[d] = comms.get(MeshDim(d)).bytes_sent();
+    return b;
+  };
+  static const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all"};
   for (int64_t step = 1; step <= cfg.training.steps; ++step) {
     const auto t0 = Clock::now();
+    const auto bytes0 = comm_bytes_now();
+    sync->take_comm_wait_seconds();  // waits outside the step (validation) are not the step's
     model.zero_grad();
     double loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) {
       loader.micro_batch(m, dp->rank(), dp->size(), local_batch, samples.data());
       StepContext ctx = model.make_context(samples.data(), local_batch, seq_len, grad_scale, /*need_backward=*/true);
-      ddp.set_sync(m + 1 == accum);
+      sync->begin_micro_batch(m, accum);
       exec.forward_backward(ctx);
       loss_sum += ctx.loss_sum;
     }
-    ddp.finish();
+    sync->finish_gradients();
     loader.advance(global_batch);
     loss_comm.all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
     const double loss = loss_sum / double(global_batch * seq_len);
     if (!std::isfinite(loss)) throw std::runtime_error("loss is " + fmt("%f", loss) + " at step " + std::to_string(step));
-    const double norm = grad_norm(dev, model);
-    clip_grad_norm(dev, model, norm, cfg.training.max_norm);
+    const double norm = grad_norm(dev, *sync);
+    clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
     const double lr = schedule.lr(step);
     opt.step(float(lr));
+    sync->after_optimizer_step();
     dev.synchronize();
     const double dt = seconds_since(t0);
+    const double comm_wait = sync->take_comm_wait_seconds();
+    nlohmann::json step_bytes = nlohmann::json::object();
+    {
+      const auto bytes1 = comm_bytes_now();
+      for (int d = 0; d < kNumMeshDims; ++d)
+        for (int k = 0; k < int(CollectiveKind::kCount); ++k)
+          if (bytes1[d][k] != bytes0[d][k]) step_bytes[mesh_dim_name(MeshDim(d))][kKindNames[k]] = bytes1[d][k] - bytes0[d][k];
+    }
     if (step > 1) timed_s += dt, timed_tokens += global_batch * seq_len;
     if (step == 1) {  // start-up is over: collectives now get the (shorter) training deadline
       world.set_timeout(cfg.comm.train_timeout_seconds);
@@ -172,21 +219,24 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     if (step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
       const Throughput tp = compute_throughput(global_batch * seq_len, dt, world.size(), flops_per_token, peak);
       const MemoryStats mem = dev.allocator()->stats();
+      double peak_all = double(mem.total_peak);  // the largest rank's peak
+      world.all_reduce_host(&peak_all, 1, ReduceOp::kMax);
       const double avg = step > 1 ? timed_s / double(step - 1) : dt;
       const double eta = avg * double(cfg.training.steps - step);
       metrics.write({{"step", step}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tp.tokens_per_s},
                      {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank}, {"tflops_per_rank", tp.tflops_per_rank},
-                     {"mfu", tp.mfu}, {"step_time_s", dt}, {"memory_peak_bytes", mem.total_peak}, {"eta_s", eta}});
+                     {"mfu", tp.mfu}, {"step_time_s", dt}, {"comm_wait_s", comm_wait}, {"comm_bytes", step_bytes},
+                     {"memory_peak_bytes", int64_t(peak_all)}, {"eta_s", eta}});
       log::info("step " + std::to_string(step) + "/" + std::to_string(cfg.training.steps) + "  loss " +
                 fmt("%.4f", loss) + "  grad_norm " + fmt("%.3f", norm) + "  lr " + fmt("%.2e", lr) + "  tok/s " +
                 fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
                 fmt("%.3f", tp.tflops_per_rank) + "  MFU " + fmt("%.1f%%", 100 * tp.mfu) + "  step " +
-                fmt("%.3f s", dt) + "  mem " + human_bytes(double(mem.total_peak)) + "  eta " + fmt("%.0f s", eta));
+                fmt("%.3f s", dt) + " (comm wait " + fmt("%.3f s", comm_wait) + ")  mem " + human_bytes(peak_all) + "  eta " + fmt("%.0f s", eta));
       note_peaks();
       dev.allocator()->reset_peaks();
     }
     if (cfg.validation.enable && (step % cfg.validation.freq == 0 || step == cfg.training.steps)) {
-      const double vl = validate_loss(dev, model, exec, val_loader, *dp, local_batch, global_batch, cfg.validation.steps);
+      const double vl = validate_loss(dev, model, exec, *sync, val_loader, *dp, local_batch, global_batch, cfg.validation.steps);
       summary.final_val_loss = vl;
       metrics.write({{"step", step}, {"val_loss", vl}});
       log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
@@ -195,15 +245,22 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   }
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
+  note_peaks();  // before the dump gathers every parameter at once
+  sync->gather_full_parameters();  // collective
   if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev);
-  note_peaks();
+  sync->release_full_parameters();
+  // Per-category peaks of the largest rank (shards are uneven when shapes do not divide).
+  std::array<double, kNumMemCategories> peaks{};
+  for (int c = 0; c < kNumMemCategories; ++c) peaks[c] = double(run_peak[c]);
+  world.all_reduce_host(peaks.data(), kNumMemCategories, ReduceOp::kMax);
   nlohmann::json by_cat;
-  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = run_peak[c];
+  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = int64_t(peaks[c]);
   metrics.write({{"event", "summary"}, {"steps", summary.steps}, {"final_loss", summary.final_loss},
                  {"final_val_loss", summary.final_val_loss}, {"unigram_entropy", unigram},
                  {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},
                  {"tokens", int64_t(summary.steps * global_batch * seq_len)}, {"world_size", world.size()},
-                 {"parameters", args.num_params()}, {"memory_peak_bytes_by_category", by_cat}});
+                 {"parameters", args.num_params()}, {"dp_replicate", dims.dp_replicate}, {"dp_shard", dims.dp_shard},
+                 {"zero_stage", zero_stage}, {"memory_peak_bytes_by_category", by_cat}});
   log::info("summary: " + std::to_string(summary.steps) + " steps in " + fmt("%.1f s", summary.elapsed_s) +
             ", final loss " + fmt("%.4f", summary.final_loss) +
             (summary.final_val_loss >= 0 ? ", final val_loss " + fmt("%.4f", summary.final_val_loss) : std::string()) +

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Runs one deck on several data-parallel layouts and checks that each reproduces the
-single-rank run: every training loss and validation loss within --tol relative, and the final
+"""Runs one deck on several parallel layouts and checks that each reproduces the first (the
+single-rank run): every training loss and validation loss within --tol relative, and the final
 parameters (model_final.h5) within --tol relative, max over tensors of max|a-b| / max|a|.
 Optionally checks that a repeated run is bitwise identical (same deck + seed + layout).
 
-usage: compare_runs.py --meshtrain BIN --deck DECK --data H5 --out DIR --np 1 2 4 [--repeat 2]
+usage: compare_runs.py --meshtrain BIN --deck DECK --data H5 --out DIR --np 1 2 4 [--repeat 2] [-- overrides]
+       compare_runs.py ... --layout "NAME NP [--section.key=value ...]" --layout ... [-- overrides]
+
+--np N runs pure data parallelism (DDP, data_parallel_replicate_degree = N); --layout runs NP
+ranks with exactly the overrides given (the deck's data_parallel_shard_degree = -1 makes the
+rest FSDP). The first layout listed is the reference. Overrides after -- apply to every run.
 """
 import argparse
 import json
@@ -16,15 +21,21 @@ import h5py
 import numpy as np
 
 
-def run(args, np_, tag):
+def launch(args, np_, tag, layout_args):
+    """Trains args.deck on np_ ranks with layout_args + args.extra into args.out/tag; returns
+    that folder. Exits the script with the command's output when training fails."""
     out = os.path.join(args.out, tag)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), args.meshtrain, "train",
-           "--deck", args.deck, f"--training.dataset={args.data}", f"--job.dump_folder={out}",
-           f"--parallelism.data_parallel_replicate_degree={np_}"] + args.extra
+           "--deck", args.deck, f"--training.dataset={args.data}", f"--job.dump_folder={out}"] + layout_args + args.extra
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"FAIL: {' '.join(cmd)} exited {res.returncode}\n{res.stdout}\n{res.stderr}")
+    return out
+
+
+def run(args, np_, tag, layout_args):
+    out = launch(args, np_, tag, layout_args)
     recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     losses = [r["loss"] for r in recs if "loss" in r]
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
@@ -38,38 +49,56 @@ def rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
 
 
-def main():
-    p = argparse.ArgumentParser()
+def run_arguments(description):
+    """An argument parser with what launch() needs: --meshtrain, --deck, --data, --out and
+    trailing overrides (extra)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--meshtrain", required=True)
     p.add_argument("--deck", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--np", type=int, nargs="+", required=True)
+    p.add_argument("extra", nargs="*", help="further --section.key=value overrides for every run")
+    return p
+
+
+def main():
+    p = run_arguments(__doc__)
+    p.add_argument("--np", type=int, nargs="+", default=[])
+    p.add_argument("--layout", action="append", default=[], help='"NAME NP [--section.key=value ...]"')
     p.add_argument("--tol", type=float, default=1e-5)
     p.add_argument("--repeat", type=int, default=0, help="also rerun this rank count and demand bitwise equality")
-    p.add_argument("extra", nargs="*", help="further --section.key=value overrides for every run")
     args = p.parse_args()
-    ref_np = args.np[0]
-    runs = {ref_np: run(args, ref_np, f"np{ref_np}")}
-    ref = runs[ref_np]
-    print(f"np={ref_np}: {len(ref[0])} steps, loss {ref[0][0]:.6f} -> {ref[0][-1]:.6f}, val {ref[1]}")
+    layouts = [(f"np{n}", n, [f"--parallelism.data_parallel_replicate_degree={n}"]) for n in args.np]
+    for spec in args.layout:
+        name, n, *over = spec.split()
+        layouts.append((name, int(n), over))
+    if not layouts:
+        sys.exit("give --np or --layout")
+    names = [l[0] for l in layouts]
+    if len(set(names)) != len(names):
+        sys.exit(f"layout names must be unique: {names}")
+    ref_tag = layouts[0][0]
+    runs = {ref_tag: run(args, layouts[0][1], ref_tag, layouts[0][2])}
+    ref = runs[ref_tag]
+    print(f"{ref_tag}: {len(ref[0])} steps, loss {ref[0][0]:.6f} -> {ref[0][-1]:.6f}, val {ref[1]}")
     failed = False
-    for n in args.np[1:]:
-        cur = runs[n] = run(args, n, f"np{n}")
+    for tag, n, over in layouts[1:]:
+        cur = runs[tag] = run(args, n, tag, over)
         if len(cur[0]) != len(ref[0]) or len(cur[1]) != len(ref[1]):
-            sys.exit(f"FAIL: np={n} logged {len(cur[0])} steps / {len(cur[1])} validations, "
+            sys.exit(f"FAIL: {tag} logged {len(cur[0])} steps / {len(cur[1])} validations, "
                      f"reference {len(ref[0])} / {len(ref[1])}")
         e_loss = max(abs(a - b) / abs(a) for a, b in zip(ref[0], cur[0]))
         e_val = max((abs(a - b) / abs(a) for a, b in zip(ref[1], cur[1])), default=0.0)
         e_par = max(rel(ref[2][k], cur[2][k]) for k in ref[2])
         ok = e_loss <= args.tol and e_val <= args.tol and e_par <= args.tol
         failed |= not ok
-        print(f"np={n}: loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, final params rel err {e_par:.2e}"
+        print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, final params rel err {e_par:.2e}"
               f" -> {'ok' if ok else 'FAIL'}")
     if args.repeat:
-        if args.repeat not in runs:
+        if args.repeat not in args.np:
             sys.exit(f"--repeat {args.repeat} must be one of --np")
-        base, again = runs[args.repeat], run(args, args.repeat, f"np{args.repeat}-again")
+        base = runs[f"np{args.repeat}"]
+        again = run(args, args.repeat, f"np{args.repeat}-again", [f"--parallelism.data_parallel_replicate_degree={args.repeat}"])
         same = (base[0] == again[0] and base[1] == again[1]
                 and all(np.array_equal(base[2][k], again[2][k]) for k in base[2]))
         failed |= not same

@@ -281,12 +281,32 @@ BOOST_AUTO_TEST_CASE(model_name_and_world_size_errors_from_code) {
   });
 }
 
+// ---- validate(): sharded data parallelism (ZeRO stages) ---------------------------------------
+
+BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
+  BOOST_TEST(error_of(kBase, {}, 2).empty());  // dp_shard = -1 fills 2 ranks: FSDP 2
+  BOOST_TEST(error_of(kBase, {"--parallelism.zero_stage=1"}, 4).empty());
+  const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
+      {{"--parallelism.zero_stage=1", "--parallelism.data_parallel_replicate_degree=2"}, 2,
+       "[parallelism] zero_stage: ZeRO-1 shards over the dp_shard group, but data_parallel_shard_degree is 1"},
+      {{"--parallelism.zero_stage=2"}, 1, "[parallelism] zero_stage: ZeRO-2 shards over the dp_shard group"},
+      {{"--parallelism.zero_stage=4"}, 2, "[parallelism] zero_stage: value 4 is out of range"},
+      {{"--parallelism.zero_stage=2", "--parallelism.fsdp_reshard_after_forward=never"}, 2,
+       "[parallelism] fsdp_reshard_after_forward: \"never\" applies to sharded parameters (zero_stage 3)"},
+      {{"--parallelism.fsdp_reshard_after_forward=false"}, 2,
+       "[parallelism] fsdp_reshard_after_forward: value \"false\" is not allowed"},
+  };
+  for (const auto& [ov, world, want] : cases) {
+    const std::string e = error_of(kBase, ov, world);
+    BOOST_TEST_INFO(e);
+    BOOST_TEST(has(e, want));
+  }
+}
+
 // ---- validate(): options that parse but are not implemented yet ------------------------------
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{}, 2, ".toml:12: [parallelism] data_parallel_shard_degree: FSDP (dp_shard = 2) is not implemented yet"},
-      {{"--parallelism.data_parallel_shard_degree=2"}, 2, "[parallelism] data_parallel_shard_degree: FSDP"},
       {{"--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] tensor_parallel_degree: tensor parallelism (tp = 2)"},
       {{"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] pipeline_parallel_degree: pipeline parallelism"},
       {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},

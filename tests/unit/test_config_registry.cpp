@@ -115,7 +115,7 @@ BOOST_AUTO_TEST_CASE(every_key_is_bound_to_its_own_field) {
     } else if (!o.choices.empty()) {
       value = o.choices.size() > 1 && toml::quote(o.choices[0]) == o.default_text ? o.choices[1] : o.choices[0];
     } else {
-      for (const char* candidate : {"3", "7", "0.5", "0", "x"}) {
+      for (const char* candidate : {"3", "7", "2", "0.5", "0", "x"}) {
         try {
           const std::string t = o.type == OptionType::kString ? toml::quote(candidate) : candidate;
           parse_option_value(o, t, ValueSyntax::kDeck);

@@ -1,0 +1,245 @@
+#include "parallel/fsdp/sharded_data_parallel.hpp"
+
+#include <chrono>
+#include <stdexcept>
+
+#include "model/init.hpp"
+
+namespace meshtrain {
+
+ModelStorage model_storage_for(int zero_stage) { return ModelStorage{zero_stage < 3, zero_stage < 2}; }
+
+ShardedDataParallel::ShardedDataParallel(Transformer& model, Device& dev, Communicator& shard, Communicator* replicate,
+                                         ShardedOptions opt)
+    : model_(model), dev_(dev), shard_(shard), replicate_(replicate), opt_(opt) {
+  if (opt.zero_stage < 1 || opt.zero_stage > 3)
+    throw std::invalid_argument("zero_stage " + std::to_string(opt.zero_stage) + " (must be 1, 2 or 3)");
+  const ModelStorage need = model_storage_for(opt.zero_stage);
+  if (model.flat_params().defined() != need.params || model.flat_grads().defined() != need.grads)
+    throw std::invalid_argument("ShardedDataParallel: the model's storage does not match ZeRO-" +
+                                std::to_string(opt.zero_stage) + " (build it with model_storage_for)");
+  plan_ = make_shard_plan(model, shard.size(), shard.rank());
+  units_.resize(plan_.units.size());
+  for (size_t f = 0; f < plan_.units.size(); ++f) {
+    const ShardUnit& su = plan_.units[f];
+    UnitState& s = units_[f];
+    s.shard_grads = dev.zeros({su.shard_elems}, DType::kF32, MemCategory::kGradients);
+    if (shards_params()) s.shard_values = dev.zeros({su.shard_elems}, DType::kF32, MemCategory::kParameters);
+    s.params_ready = !shards_params();
+    for (const ShardedParam& sp : su.params) {
+      const int64_t n = sp.shard.local_elems();
+      LocalShard ls;
+      ls.param = sp.param;
+      ls.value = shards_params()
+                     ? s.shard_values.view({n}, sp.shard_offset)
+                     : sp.param->value.reshape({sp.param->value.numel()}).view({n}, sp.shard.first_row * sp.shard.row_elems);
+      ls.grad = s.shard_grads.view({n}, sp.shard_offset);
+      shards_.push_back(ls);
+    }
+  }
+}
+
+ShardedDataParallel::~ShardedDataParallel() {
+  try {  // never free a buffer a collective still writes
+    for (UnitState& s : units_)
+      if (s.gather) s.gather->wait();
+    retire(true);
+  } catch (...) {
+  }
+}
+
+void ShardedDataParallel::init_weights(uint64_t seed) {
+  if (!shards_params()) {
+    model_.init_weights(seed);
+    return;
+  }
+  std::vector<float> host;
+  for (size_t f = 0; f < plan_.units.size(); ++f)
+    for (const ShardedParam& sp : plan_.units[f].params) {
+      const int64_t n = sp.shard.local_elems();
+      if (n == 0) continue;
+      host.resize(size_t(n));
+      init_range(*sp.param, seed, sp.shard.first_row * sp.shard.row_elems, n, host.data());
+      dev_.upload(units_[f].shard_values.view({n}, sp.shard_offset), host.data(), size_t(n) * sizeof(float));
+    }
+}
+
+void ShardedDataParallel::timed_wait(Work& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ShardedDataParallel::start_gather(size_t f) {
+  UnitState& s = units_[f];
+  if (s.params_ready || s.gather) return;
+  const ShardUnit& su = plan_.units[f];
+  if (shards_params()) {
+    s.gather_send = s.shard_values;
+  } else {  // ZeRO-1/2: the updated rows live in the replicated parameters; pack them
+    s.gather_send = dev_.empty({su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+    dev_.fill(s.gather_send, 0.0f);
+    for (const ShardedParam& sp : su.params) {
+      const int64_t n = sp.shard.local_elems();
+      if (n == 0) continue;
+      const Tensor full = sp.param->value.reshape({sp.param->value.numel()});
+      dev_.copy(s.gather_send.view({n}, sp.shard_offset), full.view({n}, sp.shard.first_row * sp.shard.row_elems));
+    }
+  }
+  s.gather_recv = dev_.empty({plan_.group * su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+  s.gather = shard_.all_gather(s.gather_send, s.gather_recv);
+}
+
+void ShardedDataParallel::ensure_params(size_t f) {
+  UnitState& s = units_[f];
+  if (s.params_ready) return;
+  start_gather(f);
+  timed_wait(*s.gather);
+  const ShardUnit& su = plan_.units[f];
+  if (shards_params()) {
+    s.full_values = dev_.empty({su.full_elems}, DType::kF32, MemCategory::kCommunication);
+    for (const ShardedParam& sp : su.params) sp.param->value = s.full_values.view(sp.param->shape, sp.full_offset);
+    copy_out_gathered(dev_, su, plan_.group, s.gather_recv, [&](const ShardedParam& sp) {
+      return s.full_values.view({shape_numel(sp.param->shape)}, sp.full_offset);
+    });
+  } else {  // this rank's own rows are already current
+    copy_out_gathered(
+        dev_, su, plan_.group, s.gather_recv,
+        [](const ShardedParam& sp) { return sp.param->value.reshape({sp.param->value.numel()}); }, plan_.rank);
+  }
+  s.gather.reset();
+  s.gather_send = Tensor();
+  s.gather_recv = Tensor();
+  s.params_ready = true;
+}
+
+void ShardedDataParallel::release_params(size_t f) {
+  UnitState& s = units_[f];
+  for (const ShardedParam& sp : plan_.units[f].params) sp.param->value = Tensor();
+  s.full_values = Tensor();
+  s.params_ready = false;
+}
+
+void ShardedDataParallel::start_reduce(size_t f) {
+  UnitState& s = units_[f];
+  const ShardUnit& su = plan_.units[f];
+  Reduction r;
+  r.unit = f;
+  r.last = micro_ + 1 == accum_;
+  r.in = dev_.empty({plan_.group * su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+  copy_in_for_scatter(
+      dev_, su, plan_.group,
+      [&](const ShardedParam& sp) {
+        return shards_grads() ? s.full_grads.view({shape_numel(sp.param->shape)}, sp.full_offset)
+                              : sp.param->grad.reshape({sp.param->grad.numel()});
+      },
+      r.in);
+  if (shards_grads()) {
+    for (const ShardedParam& sp : su.params) sp.param->grad = Tensor();
+    s.full_grads = Tensor();
+  }
+  // The step's first reduction of this unit writes the shard; later micro-batches accumulate.
+  const bool first = !shards_grads() || micro_ == 0;
+  if (!first) r.staging = dev_.empty({su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+  r.work = shard_.reduce_scatter(r.in, first ? s.shard_grads : r.staging, ReduceOp::kSum);
+  reductions_.push_back(std::move(r));
+}
+
+void ShardedDataParallel::retire(bool block) {
+  while (!reductions_.empty()) {
+    Reduction& r = reductions_.front();
+    if (block)
+      timed_wait(*r.work);
+    else if (!r.work->test())
+      break;
+    UnitState& s = units_[r.unit];
+    if (r.staging.defined()) dev_.add(s.shard_grads, r.staging, 1.0f);
+    // Issued in reduce-scatter order, which every rank shares, so replicas pair up.
+    if (r.last && replicate_ && replicate_->size() > 1) replicas_.push_back(replicate_->all_reduce(s.shard_grads, ReduceOp::kSum));
+    reductions_.pop_front();
+  }
+  while (!replicas_.empty()) {
+    if (block)
+      timed_wait(*replicas_.front());
+    else if (!replicas_.front()->test())
+      break;
+    replicas_.pop_front();
+  }
+}
+
+void ShardedDataParallel::pre_forward(size_t u) {
+  const size_t f = size_t(plan_.unit_of[u]);
+  ensure_params(f);
+  if (u + 1 < plan_.unit_of.size() && size_t(plan_.unit_of[u + 1]) != f) start_gather(size_t(plan_.unit_of[u + 1]));
+  poll();
+}
+
+void ShardedDataParallel::post_forward(size_t u) {
+  const size_t f = size_t(plan_.unit_of[u]);
+  if (shards_params() && u == plan_.units[f].members.back()) {
+    // The last unit's backward follows at once, so training keeps it; evaluation frees all.
+    if (eval_ || (opt_.reshard_after_forward && u + 1 != plan_.unit_of.size())) release_params(f);
+  }
+  poll();
+}
+
+void ShardedDataParallel::pre_backward(size_t u) {
+  const size_t f = size_t(plan_.unit_of[u]);
+  ensure_params(f);
+  UnitState& s = units_[f];
+  const ShardUnit& su = plan_.units[f];
+  if (shards_grads() && u == su.members.back()) {  // the unit's first backward: unsharded gradients
+    s.full_grads = dev_.zeros({su.full_elems}, DType::kF32, MemCategory::kCommunication);
+    for (const ShardedParam& sp : su.params) sp.param->grad = s.full_grads.view(sp.param->shape, sp.full_offset);
+  }
+  if (shards_params() && u > 0 && size_t(plan_.unit_of[u - 1]) != f) start_gather(size_t(plan_.unit_of[u - 1]));
+  poll();
+}
+
+void ShardedDataParallel::post_backward(size_t u) {
+  const size_t f = size_t(plan_.unit_of[u]);
+  if (u == plan_.units[f].members.front()) {  // the unit's gradients are complete
+    if (shards_grads() || micro_ + 1 == accum_) start_reduce(f);
+    if (shards_params()) release_params(f);
+  }
+  poll();
+}
+
+void ShardedDataParallel::begin_micro_batch(int64_t m, int64_t accum) {
+  micro_ = m;
+  accum_ = accum;
+  eval_ = false;
+}
+
+void ShardedDataParallel::begin_evaluation() { eval_ = true; }
+
+void ShardedDataParallel::finish_gradients() { retire(true); }
+
+double ShardedDataParallel::grad_sum_squares(Device& dev) {
+  double s = local_sum_squares(dev, shards_);
+  shard_.all_reduce_host(&s, 1, ReduceOp::kSum);
+  return s;
+}
+
+void ShardedDataParallel::after_optimizer_step() {
+  if (shards_params()) return;  // the shards are the parameters; the next forward gathers them
+  for (UnitState& s : units_) s.params_ready = false;
+  start_gather(size_t(plan_.unit_of[0]));  // the rest are prefetched by the next forward
+}
+
+void ShardedDataParallel::gather_full_parameters() {
+  for (size_t f = 0; f < units_.size(); ++f) ensure_params(f);
+}
+
+void ShardedDataParallel::release_full_parameters() {
+  if (!shards_params()) return;
+  for (size_t f = 0; f < units_.size(); ++f) release_params(f);
+}
+
+double ShardedDataParallel::take_comm_wait_seconds() {
+  const double s = wait_s_;
+  wait_s_ = 0;
+  return s;
+}
+
+}  // namespace meshtrain

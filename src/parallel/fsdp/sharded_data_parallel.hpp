@@ -1,0 +1,119 @@
+#pragma once
+/// @file ShardedDataParallel: ZeRO stages 1–3 over the fsdp group (dp_shard × cp), optionally
+/// replicated over dp_replicate (HSDP) — Rajbhandari et al. 2020 (ZeRO), Zhao et al. 2023
+/// (PyTorch FSDP), with FSDP2's per-parameter dim-0 sharding (DESIGN.md data flow steps 5, 6, 8).
+///
+/// Per sharding unit (shard_plan.hpp) every rank keeps the reduced gradient shard [S] and the
+/// AdamW state of its rows; ZeRO-3 also keeps only its parameter shard [S] and gathers the
+/// unit's parameters into one flat buffer before the unit runs:
+///  - forward: all-gather before the unit (the next unit's all-gather is issued before this
+///    unit computes: prefetch), free after it when resharding after forward (never the last
+///    unit, whose backward follows at once);
+///  - backward: all-gather again (prefetching the previous unit), then after the unit's
+///    backward reduce-scatter its unsharded gradients into the shard and free both;
+///  - ZeRO-2 reduce-scatters every micro-batch too but keeps replicated parameters, refreshed by
+///    an all-gather of the updated shards after the optimizer step; ZeRO-1 keeps replicated
+///    gradients as well and reduce-scatters once, after the last micro-batch;
+///  - HSDP: once a unit's last reduce-scatter of the step completes, its gradient shard is
+///    all-reduced (sum) over dp_replicate.
+/// Collectives are non-blocking, issued in the same order on every rank, and waited for only
+/// where their result is used; completed ones are retired in issue order at every hook.
+/// Memory categories: shards are kParameters / kGradients / kOptimizer; unsharded parameters
+/// and gradients of the units in flight and the collectives' staging buffers are
+/// kCommunication (all served from the device's caching allocator, so steady-state steps reuse
+/// the same blocks).
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "model/transformer.hpp"
+#include "parallel/fsdp/shard_plan.hpp"
+#include "parallel/grad_sync.hpp"
+
+namespace meshtrain {
+
+struct ShardedOptions {
+  int zero_stage = 3;                ///< 1, 2 or 3
+  bool reshard_after_forward = true; ///< ZeRO-3 only
+};
+
+/// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
+/// parameters below stage 3, replicated gradients below stage 2.
+ModelStorage model_storage_for(int zero_stage);
+
+class ShardedDataParallel final : public GradientSync {
+ public:
+  /// `model` must have been built with model_storage_for(opt.zero_stage). `shard` is the fsdp
+  /// communicator; `replicate` the dp_replicate one (nullptr or size 1: no HSDP).
+  /// @throws std::invalid_argument for a zero_stage outside 1..3 or a model with the wrong storage.
+  ShardedDataParallel(Transformer& model, Device& dev, Communicator& shard, Communicator* replicate,
+                      ShardedOptions opt);
+  ~ShardedDataParallel() override;
+
+  /// Layout-independent initialization of what this rank holds (model/init.hpp): ZeRO-3 fills
+  /// its parameter shards with elements [first_row·C, …) of each parameter; ZeRO-1/2 the
+  /// replicated parameters.
+  void init_weights(uint64_t seed);
+  const ShardPlan& plan() const { return plan_; }
+
+  void pre_forward(size_t unit) override;
+  void post_forward(size_t unit) override;
+  void pre_backward(size_t unit) override;
+  void post_backward(size_t unit) override;
+
+  void begin_micro_batch(int64_t m, int64_t accum) override;
+  void begin_evaluation() override;
+  void finish_gradients() override;
+  const std::vector<LocalShard>& local_shards() const override { return shards_; }
+  /// Σ g² over this rank's gradient rows, summed over the fsdp group (replicas hold equal shards).
+  double grad_sum_squares(Device& dev) override;
+  void after_optimizer_step() override;
+  void gather_full_parameters() override;
+  void release_full_parameters() override;
+  double take_comm_wait_seconds() override;
+  bool forward_is_collective() const override { return true; }
+
+ private:
+  struct UnitState {
+    Tensor shard_values;  // ZeRO-3: [S] kParameters
+    Tensor shard_grads;   // [S] kGradients: the reduced gradient shard of the step
+    Tensor full_values;   // ZeRO-3, while gathered: [F] kCommunication
+    Tensor full_grads;    // ZeRO-2/3, during the unit's backward: [F] kCommunication
+    bool params_ready = false;  // Parameter::value holds the current full values
+    Tensor gather_send, gather_recv;
+    std::unique_ptr<Work> gather;  // in-flight all-gather (declared after its buffers: destroyed first)
+  };
+  struct Reduction {
+    size_t unit = 0;
+    bool last = false;   // last micro-batch: all-reduce over dp_replicate afterwards
+    Tensor in, staging;  // staging: reduce-scatter output to add into shard_grads (accumulation)
+    std::unique_ptr<Work> work;
+  };
+
+  bool shards_params() const { return opt_.zero_stage >= 3; }
+  bool shards_grads() const { return opt_.zero_stage >= 2; }
+  void start_gather(size_t f);
+  void ensure_params(size_t f);
+  void release_params(size_t f);
+  void start_reduce(size_t f);
+  void retire(bool block);  // retires completed reductions in issue order (all when block)
+  void poll() { retire(false); }
+  void timed_wait(Work& w);
+
+  Transformer& model_;
+  Device& dev_;
+  Communicator& shard_;
+  Communicator* replicate_;
+  ShardedOptions opt_;
+  ShardPlan plan_;
+  std::vector<UnitState> units_;
+  std::vector<LocalShard> shards_;
+  std::deque<Reduction> reductions_;            // reduce-scatters, in issue order
+  std::deque<std::unique_ptr<Work>> replicas_;  // HSDP all-reduces, in issue order
+  int64_t micro_ = 0, accum_ = 1;
+  bool eval_ = false;
+  double wait_s_ = 0;
+};
+
+}  // namespace meshtrain
