@@ -254,7 +254,11 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   for (int c = 0; c < kNumMemCategories; ++c) peaks[c] = double(run_peak[c]);
   world.all_reduce_host(peaks.data(), kNumMemCategories, ReduceOp::kMax);
   nlohmann::json by_cat;
-  for (int c = 0; c < kNumMemCategories; ++c) by_cat[mem_category_name(MemCategory(c))] = int64_t(peaks[c]);
+  std::string breakdown;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    by_cat[mem_category_name(MemCategory(c))] = int64_t(peaks[c]);
+    breakdown += std::string(c ? ", " : "") + mem_category_name(MemCategory(c)) + " " + human_bytes(peaks[c]);
+  }
   metrics.write({{"event", "summary"}, {"steps", summary.steps}, {"final_loss", summary.final_loss},
                  {"final_val_loss", summary.final_val_loss}, {"unigram_entropy", unigram},
                  {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},
@@ -269,6 +273,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                                                " nats below it)"
                                          : std::string()) +
             ", " + fmt("%.0f", summary.tokens_per_s) + " tokens/s; outputs in " + out_dir.string());
+  log::info("memory peaks per rank (largest rank, by category): " + breakdown);
   return summary;
 }
 
