@@ -226,7 +226,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       metrics.write({{"step", step}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tp.tokens_per_s},
                      {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank}, {"tflops_per_rank", tp.tflops_per_rank},
                      {"mfu", tp.mfu}, {"step_time_s", dt}, {"comm_wait_s", comm_wait}, {"comm_bytes", step_bytes},
-                     {"memory_peak_bytes", int64_t(peak_all)}, {"eta_s", eta}});
+                     {"memory_peak_bytes", int64_t(peak_all)},
+                     {"memory_reserved_bytes", mem.reserved_bytes}, {"eta_s", eta}});
       log::info("step " + std::to_string(step) + "/" + std::to_string(cfg.training.steps) + "  loss " +
                 fmt("%.4f", loss) + "  grad_norm " + fmt("%.3f", norm) + "  lr " + fmt("%.2e", lr) + "  tok/s " +
                 fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
