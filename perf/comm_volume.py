@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""perf/comm_volume: checks the bytes that rank 0's gradient and parameter collectives send per
+training step (the "comm_bytes" field of metrics.jsonl) against the ring-algorithm volumes
+computed here, independently, from the model's shape: DDP, ZeRO-1, ZeRO-2, FSDP (ZeRO-3, also
+with gradient accumulation and with fsdp_reshard_after_forward=never) and HSDP (2 x N/2) at 4 and
+8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1 on
+any mismatch (or failed run).
+
+Formulas (4-byte floats; units = embedding, each block, norm + output head; align16(x) = x rounded
+up to 16 elements; S_u = sum over the unit's parameters p of align16(ceil(rows_p / N) * row_elems_p)
+with N = the fsdp group size; G = sum over all parameters of align16(numel_p); M = gradient
+accumulation micro-batches; R = dp_replicate size), bytes per step per rank:
+  DDP     dp_replicate all_reduce   2*4*G*(R-1)/R
+  ZeRO-1  fsdp reduce_scatter       sum_u 4*S_u*(N-1)                      (once per step)
+          fsdp all_gather           sum_u 4*S_u*(N-1)                      (once per step)
+  ZeRO-2  fsdp reduce_scatter       M * sum_u 4*S_u*(N-1)
+          fsdp all_gather           sum_u 4*S_u*(N-1)                      (once per step)
+  FSDP    fsdp all_gather           M * (sum_u + sum_{resharded u}) 4*S_u*(N-1)
+          fsdp reduce_scatter       M * sum_u 4*S_u*(N-1)
+  HSDP    FSDP's terms over N = dp_shard, plus dp_replicate all_reduce sum_u 2*4*S_u*(R-1)/R
+Resharded units: every unit but the one holding the output head (reshard default/always), none
+(never). The last step's record is compared (steady state: ZeRO-1/2's parameter all-gathers of
+step s complete during step s+1).
+
+usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp ...] [--steps 3]
+           [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--data H5] [--out DIR] [--json PATH]
+           [--binary build/bin/meshtrain] [--np-max N]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from fractions import Fraction
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLOAT_BYTES = 4
+ALIGN = 16
+
+# name -> (dp_replicate, dp_shard, zero_stage, micro-batches, reshard); "N" = the rank count.
+LAYOUTS = {
+    "ddp": ("N", 1, None, 1, None),
+    "ddp-ga2": ("N", 1, None, 2, None),
+    "zero1": (1, "N", 1, 1, None),
+    "zero1-ga2": (1, "N", 1, 2, None),
+    "zero2": (1, "N", 2, 1, None),
+    "zero2-ga2": (1, "N", 2, 2, None),
+    "fsdp": (1, "N", 3, 1, None),
+    "fsdp-ga2": (1, "N", 3, 2, None),
+    "fsdp-never": (1, "N", 3, 1, "never"),
+    "hsdp": (2, "N/2", 3, 1, None),
+    "hsdp-ga2": (2, "N/2", 3, 2, None),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared with perf/dp_scaling.py
+# ---------------------------------------------------------------------------------------------
+
+def sh(cmd, env=None, timeout=None):
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return res.stdout
+
+
+def ensure_data(data, out, binary, ndocs=60, vocab=512):
+    """Returns `data` if given, else builds a small token store under `out` (once)."""
+    if data:
+        if not os.path.exists(data):
+            sys.exit(f"--data {data}: no such file")
+        return data
+    os.makedirs(out, exist_ok=True)
+    corpus = os.path.join(out, "corpus")
+    store = os.path.join(out, f"tokens_v{vocab}.h5")
+    if not os.path.exists(store):
+        shutil.rmtree(corpus, ignore_errors=True)
+        sh([os.path.join(ROOT, "tests/fixtures/make_corpus.sh"), corpus, str(ndocs)])
+        sh([binary, "data", "prepare", "--input", corpus, "--output", store, "--vocab-size", str(vocab)])
+    return store
+
+
+def train(binary, deck, data, out, n, overrides, threads=1, timeout=1800):
+    """Runs `meshtrain train` on n ranks; returns (records, summary, error-or-None)."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n), binary, "train",
+           "--deck", deck, f"--training.dataset={data}", f"--job.dump_folder={out}",
+           "--validation.enable=false", "--metrics.log_freq=1"] + list(overrides)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [], None, f"timed out after {timeout} s: {' '.join(cmd)}"
+    if res.returncode != 0:
+        tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+        return [], None, f"exit {res.returncode}: {' '.join(cmd)}\n{tail}"
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return [], None, f"no {path}"
+    recs = [json.loads(l) for l in open(path) if l.strip()]
+    steps = [r for r in recs if "step" in r and "loss" in r and r.get("event") is None]
+    summary = next((r for r in recs if r.get("event") == "summary"), None)
+    return steps, summary, None
+
+
+def model_shape(binary, deck, required=True):
+    """The model's shape from `meshtrain model info --deck DECK --json` (None when not required and
+    the deck is missing or unreadable)."""
+    if not required:
+        if not os.path.exists(deck):
+            return None
+        res = subprocess.run([binary, "model", "info", "--deck", deck, "--json"], capture_output=True, text=True)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+    return json.loads(sh([binary, "model", "info", "--deck", deck, "--json"]))
+
+
+def git_commit():
+    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def machine():
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference volumes
+# ---------------------------------------------------------------------------------------------
+
+def add_run_arguments(p, name):
+    """--data, --out, --json, --binary and --timeout, with defaults under perf/out/NAME."""
+    p.add_argument("--data", help="token store (default: build a tiny one under --out)")
+    p.add_argument("--out", default=os.path.join(ROOT, "perf/out", name))
+    p.add_argument("--json", default=os.path.join(ROOT, "perf/out", name + ".json"))
+    p.add_argument("--binary", default=os.path.join(ROOT, "build/bin/meshtrain"))
+    p.add_argument("--timeout", type=int, default=1800, help="seconds per run")
+
+
+def write_result(path, fields):
+    """Writes fields plus date, machine and commit as JSON to path (folders created)."""
+    result = {"date": datetime.date.today().isoformat(), "machine": machine(), "commit": git_commit(), **fields}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def align16(x):
+    return (x + ALIGN - 1) // ALIGN * ALIGN
+
+
+def model_units(m):
+    """FSDP units in order, each (name, [(param, shape)], holds_output_head)."""
+    D, L, Hq, Hkv, V = m["dim"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["vocab_size"]
+    Dh = m.get("head_dim") or D // Hq
+    H = m["ffn_dim"]
+    tied = bool(m.get("tie_word_embeddings"))
+    units = []
+    emb = [("tok_embeddings.weight", (V, D))]
+    if not tied:
+        units.append(("tok_embeddings", emb, False))
+    for i in range(L):
+        p = f"layers.{i}."
+        ps = [(p + "attention_norm.weight", (D,)), (p + "attention.wq.weight", (Hq * Dh, D)),
+              (p + "attention.wk.weight", (Hkv * Dh, D)), (p + "attention.wv.weight", (Hkv * Dh, D)),
+              (p + "attention.wo.weight", (D, Hq * Dh))]
+        if m.get("qk_norm"):
+            ps += [(p + "attention.q_norm.weight", (Dh,)), (p + "attention.k_norm.weight", (Dh,))]
+        ps += [(p + "ffn_norm.weight", (D,)), (p + "feed_forward.w1.weight", (H, D)),
+               (p + "feed_forward.w2.weight", (D, H)), (p + "feed_forward.w3.weight", (H, D))]
+        units.append((f"layers.{i}", ps, False))
+    head = [("norm.weight", (D,))]
+    if tied:
+        units.insert(0, ("tok_embeddings+output", emb + head, True))
+    else:
+        units.append(("output", head + [("output.weight", (V, D))], True))
+    return units
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def shard_elems(shape, n):
+    rows, row_elems = shape[0], numel(shape[1:])
+    return -(-rows // n) * row_elems
+
+
+def unit_shard(unit, n):
+    """S_u: elements of one rank's padded shard of the unit over n ranks."""
+    return sum(align16(shard_elems(shape, n)) for _, shape in unit[1])
+
+
+def flat_grad_elems(units):
+    """G: the DDP flat gradient buffer (every parameter padded to 16 elements)."""
+    return sum(align16(numel(shape)) for u in units for _, shape in u[1])
+
+
+def expected_bytes(units, R, N, M, zero, reshard):
+    """{(group, collective): Fraction bytes per step per rank}; only non-zero entries."""
+    exp = {}
+
+    def add(group, coll, v):
+        if v:
+            exp[(group, coll)] = exp.get((group, coll), Fraction(0)) + Fraction(v)
+
+    if N == 1:  # DDP: no sharding
+        G = flat_grad_elems(units)
+        add("dp_replicate", "all_reduce", Fraction(2 * FLOAT_BYTES * G * (R - 1), R))
+        return exp
+    S = [unit_shard(u, N) for u in units]
+    one_pass = sum(FLOAT_BYTES * s * (N - 1) for s in S)
+    if zero == 1:
+        add("fsdp", "reduce_scatter", one_pass)
+        add("fsdp", "all_gather", one_pass)
+    elif zero == 2:
+        add("fsdp", "reduce_scatter", M * one_pass)
+        add("fsdp", "all_gather", one_pass)
+    else:
+        regather = 0 if reshard == "never" else sum(
+            FLOAT_BYTES * s * (N - 1) for s, u in zip(S, units) if not u[2])
+        add("fsdp", "all_gather", M * (one_pass + regather))
+        add("fsdp", "reduce_scatter", M * one_pass)
+    add("dp_replicate", "all_reduce", sum(Fraction(2 * FLOAT_BYTES * s * (R - 1), R) for s in S))
+    return exp
+
+
+def resolve(layout, n):
+    R, S, zero, M, reshard = LAYOUTS[layout]
+    val = {"N": n, "N/2": n // 2, 1: 1, 2: 2}
+    return val[R], val[S], zero, M, reshard
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    v = Fraction(v)
+    return str(v.numerator) if v.denominator == 1 else f"{float(v):.3f}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
+    p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--steps", type=int, default=3, help="steps per run (>= 3: the last one is compared)")
+    p.add_argument("--deck", default=os.path.join(ROOT, "tests/equivalence/tiny.toml"))
+    p.add_argument("--decks", nargs="+", default=["tiny"], choices=["tiny", "tied", "debug", "qwen3"],
+                   help="tiny: --deck; tied: --deck with tie_word_embeddings=true; debug / qwen3: "
+                        "inputs/{llama3,qwen3}_debug.toml at batch 1, seq_len 32")
+    p.add_argument("--local-batch", type=int, default=2, help="local batch size of --deck runs (M = global / (local x dp))")
+    add_run_arguments(p, "comm_volume")
+    args = p.parse_args()
+    if args.steps < 3:
+        p.error("--steps must be >= 3 (steady state)")
+    os.makedirs(args.out, exist_ok=True)
+    data = ensure_data(args.data, args.out, args.binary)
+
+    # (name, deck, local batch size, further overrides); the volumes do not depend on the batch.
+    known = {"tiny": (args.deck, args.local_batch, []),
+             "tied": (args.deck, args.local_batch, ["--model.tie_word_embeddings=true"]),
+             "debug": (os.path.join(ROOT, "inputs/llama3_debug.toml"), 1, ["--training.seq_len=32"]),
+             "qwen3": (os.path.join(ROOT, "inputs/qwen3_debug.toml"), 1, ["--training.seq_len=32"])}
+    decks = [(name,) + known[name] for name in args.decks]
+    rows, runs, failed = [], [], False
+    for deck_name, deck, lbs, deck_over in decks:
+        shape = model_shape(args.binary, deck)
+        for n in args.ranks:
+            for layout in args.layouts:
+                R, S, zero, M, reshard = resolve(layout, n)
+                if R * S != n or (layout.startswith("hsdp") and S < 2):
+                    continue
+                over = deck_over + [f"--training.local_batch_size={lbs}",
+                                    f"--parallelism.data_parallel_replicate_degree={R}",
+                                    f"--parallelism.data_parallel_shard_degree={S}",
+                                    f"--training.steps={args.steps}"]
+                over.append(f"--training.global_batch_size={M * lbs * n}")
+                if zero is not None:
+                    over.append(f"--parallelism.zero_stage={zero}")
+                if reshard is not None:
+                    over.append(f"--parallelism.fsdp_reshard_after_forward={reshard}")
+                tag = f"{deck_name}-{layout}-np{n}"
+                print(f"running {tag}: {' '.join(over)}", flush=True)
+                recs, _, err = train(args.binary, deck, data, os.path.join(args.out, tag), n, over,
+                                     timeout=args.timeout)
+                run = {"deck": deck_name, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S,
+                       "zero_stage": zero, "micro_batches": M, "reshard": reshard, "overrides": over}
+                if err:
+                    print(f"  FAILED: {err}", flush=True)
+                    run["error"] = err
+                    runs.append(run)
+                    failed = True
+                    continue
+                # The model really run (overrides included), from the run's resolved deck.
+                shape_run = model_shape(args.binary, os.path.join(args.out, tag, "deck.resolved.toml"),
+                                        required=False) or shape
+                units_run = model_units(shape_run)
+                last = recs[-1]
+                counted = {}
+                for g, colls in (last.get("comm_bytes") or {}).items():
+                    for c, b in colls.items():
+                        counted[(g, c)] = b
+                expected = expected_bytes(units_run, R, S, M, zero if S > 1 else None, reshard)
+                run.update({"step": last.get("step"), "comm_bytes": last.get("comm_bytes"),
+                            "comm_wait_s": last.get("comm_wait_s"), "step_time_s": last.get("step_time_s"),
+                            "unit_shard_elems": [unit_shard(u, S) for u in units_run] if S > 1 else None,
+                            "flat_grad_elems": flat_grad_elems(units_run)})
+                if "comm_bytes" not in last:
+                    run["error"] = "no comm_bytes in the last training record"
+                    failed = True
+                runs.append(run)
+                for key in sorted(set(counted) | set(expected)):
+                    c, e = counted.get(key), expected.get(key)
+                    ok = c is not None and e is not None and Fraction(str(c)) == e
+                    failed |= not ok
+                    rows.append({"deck": deck_name, "layout": layout, "ranks": n, "group": key[0],
+                                 "collective": key[1], "counted": c,
+                                 "formula": (int(e) if e is not None and e.denominator == 1 else
+                                             (float(e) if e is not None else None)),
+                                 "match": ok})
+
+    hdr = f"{'deck':6} {'layout':11} {'ranks':>5} {'group':13} {'collective':15} {'counted B/step':>15} " \
+          f"{'formula B/step':>15} match"
+    print()
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['deck']:6} {r['layout']:11} {r['ranks']:5} {r['group']:13} {r['collective']:15} "
+              f"{fmt(r['counted']):>15} {fmt(r['formula']):>15} {'yes' if r['match'] else 'NO'}")
+    for r in runs:
+        if "error" in r:
+            print(f"{r['deck']:6} {r['layout']:11} {r['ranks']:5} run error: {r['error'].splitlines()[0]}")
+    write_result(args.json, {"steps": args.steps, "rows": rows, "runs": runs, "all_match": not failed})
+    print(f"\n{'all counters match' if not failed else 'MISMATCH'}; wrote {args.json}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
