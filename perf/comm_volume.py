@@ -106,14 +106,8 @@ def train(binary, deck, data, out, n, overrides, threads=1, timeout=1800):
     return steps, summary, None
 
 
-def model_shape(binary, deck, required=True):
-    """The model's shape from `meshtrain model info --deck DECK --json` (None when not required and
-    the deck is missing or unreadable)."""
-    if not required:
-        if not os.path.exists(deck):
-            return None
-        res = subprocess.run([binary, "model", "info", "--deck", deck, "--json"], capture_output=True, text=True)
-        return json.loads(res.stdout) if res.returncode == 0 else None
+def model_shape(binary, deck):
+    """The model's shape from `meshtrain model info --deck DECK --json`; exits on failure."""
     return json.loads(sh([binary, "model", "info", "--deck", deck, "--json"]))
 
 
@@ -125,10 +119,6 @@ def git_commit():
 def machine():
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
-
-# ---------------------------------------------------------------------------------------------
-# The reference volumes
-# ---------------------------------------------------------------------------------------------
 
 def add_run_arguments(p, name):
     """--data, --out, --json, --binary and --timeout, with defaults under perf/out/NAME."""
@@ -146,6 +136,10 @@ def write_result(path, fields):
     with open(path, "w") as f:
         json.dump(result, f, indent=1)
 
+
+# ---------------------------------------------------------------------------------------------
+# The reference volumes
+# ---------------------------------------------------------------------------------------------
 
 def align16(x):
     return (x + ALIGN - 1) // ALIGN * ALIGN
@@ -268,7 +262,6 @@ def main():
     decks = [(name,) + known[name] for name in args.decks]
     rows, runs, failed = [], [], False
     for deck_name, deck, lbs, deck_over in decks:
-        shape = model_shape(args.binary, deck)
         for n in args.ranks:
             for layout in args.layouts:
                 R, S, zero, M, reshard = resolve(layout, n)
@@ -296,9 +289,7 @@ def main():
                     failed = True
                     continue
                 # The model really run (overrides included), from the run's resolved deck.
-                shape_run = model_shape(args.binary, os.path.join(args.out, tag, "deck.resolved.toml"),
-                                        required=False) or shape
-                units_run = model_units(shape_run)
+                units_run = model_units(model_shape(args.binary, os.path.join(args.out, tag, "deck.resolved.toml")))
                 last = recs[-1]
                 counted = {}
                 for g, colls in (last.get("comm_bytes") or {}).items():

@@ -94,15 +94,13 @@ def main():
                     failed = True
                     continue
                 if shape is None:
-                    shape = model_shape(args.binary, os.path.join(out, "deck.resolved.toml"), required=False)
+                    shape = model_shape(args.binary, os.path.join(out, "deck.resolved.toml"))
                 tail = recs[1:] or recs
                 tps = mean([r["tokens_per_s_per_rank"] for r in tail if "tokens_per_s_per_rank" in r])
                 step_t = mean([r["step_time_s"] for r in tail if "step_time_s" in r])
                 waits = [r["comm_wait_s"] for r in tail if "comm_wait_s" in r]
-                wait = mean(waits) if waits else (0.0 if n == 1 else None)
+                wait = mean(waits)
                 peak = max((r.get("memory_peak_bytes", 0) for r in recs), default=0)
-                if summary and summary.get("memory_peak_bytes"):
-                    peak = max(peak, summary["memory_peak_bytes"])
                 row.update({"steps_averaged": len(tail), "tokens_per_s_per_rank": tps, "step_time_s": step_t,
                             "comm_wait_s": wait,
                             "comm_wait_fraction": (wait / step_t) if wait is not None and step_t else None,

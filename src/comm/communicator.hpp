@@ -26,6 +26,12 @@ class Work {
 
 /// Collectives on which byte counters are kept (bytes this rank sends, for perf/comm_volume).
 enum class CollectiveKind : int { kAllReduce = 0, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kAllToAll, kCount };
+/// "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all" (the
+/// keys of metrics.jsonl's comm_bytes). Throws nothing.
+inline const char* collective_name(CollectiveKind k) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all"};
+  return names[int(k)];
+}
 
 class Communicator {
  public:

@@ -32,7 +32,6 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
     }
     unit_ranges_.emplace_back(first, params_.size());
   }
-  flat_elems_ = total;
   if (storage.params) flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
   if (storage.grads) flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
   for (Parameter* p : params_) {

@@ -42,8 +42,6 @@ class Transformer {
   /// tensors when `storage` left them out.
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
-  /// Elements of the flat buffers (every parameter padded to 16 elements, 64 bytes).
-  int64_t flat_elems() const { return flat_elems_; }
   /// Sets every replicated gradient to zero (no-op when the model holds no gradients).
   void zero_grad();
   /// RoPE tables cos, sin [seq_len, head_dim/2] (Su et al. 2021, with Llama 3.1 frequency
@@ -63,7 +61,6 @@ class Transformer {
   std::vector<Parameter*> params_;
   std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
   Tensor flat_params_, flat_grads_;
-  int64_t flat_elems_ = 0;
   int64_t rope_len_ = -1;
   Tensor rope_cos_, rope_sin_;
 };

@@ -174,7 +174,6 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     for (int d = 0; d < kNumMeshDims; ++d) b[d] = comms.get(MeshDim(d)).bytes_sent();
     return b;
   };
-  static const char* kKindNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv", "all_to_all"};
   for (int64_t step = 1; step <= cfg.training.steps; ++step) {
     const auto t0 = Clock::now();
     const auto bytes0 = comm_bytes_now();
@@ -206,7 +205,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       const auto bytes1 = comm_bytes_now();
       for (int d = 0; d < kNumMeshDims; ++d)
         for (int k = 0; k < int(CollectiveKind::kCount); ++k)
-          if (bytes1[d][k] != bytes0[d][k]) step_bytes[mesh_dim_name(MeshDim(d))][kKindNames[k]] = bytes1[d][k] - bytes0[d][k];
+          if (bytes1[d][k] != bytes0[d][k]) step_bytes[mesh_dim_name(MeshDim(d))][collective_name(CollectiveKind(k))] = bytes1[d][k] - bytes0[d][k];
     }
     if (step > 1) timed_s += dt, timed_tokens += global_batch * seq_len;
     if (step == 1) {  // start-up is over: collectives now get the (shorter) training deadline
