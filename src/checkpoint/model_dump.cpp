@@ -37,9 +37,16 @@ void write_dataset(hid_t group, const std::string& name, const Shape& shape, hid
 }
 
 void write_tensors(hid_t file, const char* group_name, Transformer& model, Device& dev, bool grads,
-                   const std::string& path) {
+                   const std::string& path, const std::vector<std::vector<float>>* global_values) {
   H5Handle g{H5Gcreate2(file, group_name, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
-  for (Parameter* p : model.parameters()) {
+  const auto& params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter* p = params[i];
+    if (global_values) {
+      write_dataset(g.id, p->name, p->shape, H5T_NATIVE_FLOAT, (*global_values)[i].data(), path);
+      continue;
+    }
+    if (p->local_shape != p->shape) fail(path, p->name + " is split over tensor-parallel ranks; pass its global values");
     const Tensor& t = grads ? p->grad : p->value;
     std::vector<float> host(size_t(t.numel()));
     dev.download(host.data(), t, t.nbytes());
@@ -66,9 +73,9 @@ void write_model_dump(const std::string& path, Transformer& model, Device& dev, 
                            {"rope_low_freq_factor", a.rope_low_freq_factor},
                            {"rope_high_freq_factor", a.rope_high_freq_factor}})
       attr(f.id, name, v, H5T_NATIVE_DOUBLE, tmp);
-    write_tensors(f.id, "/params", model, dev, false, tmp);
+    write_tensors(f.id, "/params", model, dev, false, tmp, opt.global_values);
     if (opt.grads) {
-      write_tensors(f.id, "/grads", model, dev, true, tmp);
+      write_tensors(f.id, "/grads", model, dev, true, tmp, nullptr);
       attr(f.id, "loss", opt.loss, H5T_NATIVE_DOUBLE, tmp);
     }
     if (opt.tokens) {

@@ -15,10 +15,15 @@ struct DumpOptions {
   const std::vector<int32_t>* tokens = nullptr;  ///< [B, T+1] written to /batch/tokens when set
   int64_t batch = 0, seq_len = 0;
   double loss = 0;                    ///< root attribute "loss" when grads are written
+  /// Global values of every parameter (model.parameters() order, row-major) to write instead
+  /// of downloading Parameter::value — a tensor-parallel model's slabs reassembled
+  /// (gather_tp_parameter). Not with grads.
+  const std::vector<std::vector<float>>* global_values = nullptr;
 };
 
-/// Writes `model` (unsharded, on this rank) to `path` via `path.tmp` + rename, so a failure
-/// never leaves a half-written file. @throws CheckpointError naming the file.
+/// Writes `model` (unsharded, on this rank, or its global values from opt.global_values) to
+/// `path` via `path.tmp` + rename, so a failure never leaves a half-written file.
+/// @throws CheckpointError naming the file.
 void write_model_dump(const std::string& path, Transformer& model, Device& dev, const DumpOptions& opt = {});
 
 /// Reads /params of `path` into `model` (shapes must match). @throws CheckpointError naming the

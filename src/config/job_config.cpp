@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <stdexcept>
+#include <tuple>
 
 #include "config/toml_value.hpp"
 #include "util/errors.hpp"
@@ -139,9 +140,17 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   if (d.cp > 1 && training.seq_len % (2 * d.cp))
     fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp = " +
                                         str(2 * d.cp) + " (zigzag context parallelism: seq_len % (2·cp) == 0)");
-  if (d.tp > 1 && (training.seq_len / d.cp) % d.tp)
+  if (d.tp > 1 && p.enable_sequence_parallel && (training.seq_len / d.cp) % d.tp)
     fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
-                                        str(d.tp) + " (sequence parallelism shards each sample's tokens over tp)");
+                                        str(d.tp) + " (sequence parallelism shards each sample's tokens over tp; "
+                                        "[parallelism] enable_sequence_parallel = false lifts the rule)");
+  // Vocabulary rows and FFN hidden units split as torch.chunk does (⌈E/tp⌉ per rank): every
+  // rank must get at least one.
+  for (auto [key, what, extent] : {std::tuple{"model.vocab_size", "vocab_size", a.vocab_size},
+                                   std::tuple{"model.ffn_hidden_dim", "ffn_dim", a.ffn_dim()}})
+    if (d.tp > 1 && (d.tp - 1) * ((extent + d.tp - 1) / d.tp) >= extent)
+      fail(*this, key, std::string(what) + " " + str(extent) + " leaves tp rank " + str(d.tp - 1) + " of " +
+                           str(d.tp) + " nothing to hold (split in chunks of ceil(" + what + " / tp) rows)");
   if (d.pp > a.n_layers)
     fail(*this, "parallelism.pipeline_parallel_degree",
          "pp " + str(d.pp) + " exceeds n_layers " + str(a.n_layers) + " (each pipeline stage needs a layer)");
@@ -168,7 +177,6 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
     fail(*this, "parallelism.fsdp_reshard_after_forward",
          "\"" + parallelism.fsdp_reshard_after_forward + "\" applies to sharded parameters (zero_stage 3), but zero_stage is " +
              str(parallelism.zero_stage) + " (parameters stay replicated)");
-  if (d.tp > 1) fail(*this, "parallelism.tensor_parallel_degree", "tensor parallelism (tp = " + str(d.tp) + ") is not implemented yet (tp must be 1)");
   if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
   if (checkpoint.enable) fail(*this, "checkpoint.enable", "checkpointing is not implemented yet (enable must be false)");

@@ -75,6 +75,12 @@ struct ParallelismSection {
   /// FSDP: free a unit's all-gathered parameters after its forward ("default" = "always" when
   /// pp == 1, TorchTitan's rule) and gather them again for its backward; "never" keeps them.
   std::string fsdp_reshard_after_forward = "default";
+  /// tp > 1: shard the residual stream and norms along the tokens between tensor-parallel
+  /// regions (all-gather / reduce-scatter, Korthikanti et al. 2022); false: all-reduce.
+  bool enable_sequence_parallel = true;
+  /// tp > 1: gather the logits for the loss instead of the vocab-parallel cross-entropy
+  /// (TorchTitan's key).
+  bool disable_loss_parallel = false;
 };
 
 /// [activation_checkpoint]

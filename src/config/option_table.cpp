@@ -226,7 +226,7 @@ std::vector<Option> build_option_table() {
     s.integer("data_parallel_shard_degree", &ParallelismSection::data_parallel_shard_degree,
               "FSDP / ZeRO shard group size (-1 = world / the other degrees)", 1, {}, {-1});
     s.integer("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
-              "tensor-parallel degree (> 1 not implemented yet)", 1);
+              "tensor-parallel degree: column / row parallel attention and FFN, vocab-parallel embedding and output", 1);
     s.integer("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
               "pipeline stages (> 1 not implemented yet)", 1);
     s.integer("context_parallel_degree", &ParallelismSection::context_parallel_degree,
@@ -239,6 +239,11 @@ std::vector<Option> build_option_table() {
           "FSDP: free gathered parameters after each unit's forward and re-gather them for backward "
           "(default = always when pp == 1)",
           {"default", "always", "never"});
+    s.boolean("enable_sequence_parallel", &ParallelismSection::enable_sequence_parallel,
+              "tp > 1: shard the residual stream and norms along the tokens (all-gather / reduce-scatter); "
+              "false: replicate them (all-reduce)");
+    s.boolean("disable_loss_parallel", &ParallelismSection::disable_loss_parallel,
+              "tp > 1: all-gather the logits for the loss instead of the vocab-parallel cross-entropy");
   }
   {
     Section<ActivationCheckpointSection> s{o, "activation_checkpoint", &JobConfig::activation_checkpoint};

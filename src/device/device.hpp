@@ -51,10 +51,16 @@ class Device {
                       float beta) = 0;
 
   // ---- model kernels ----
-  /// out[N, D] = weight[tokens[n], :]; weight [V, D], tokens i32 [N].
-  virtual void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) = 0;
-  /// grad_weight[V, D] accumulates grad_out[n, :] into row tokens[n].
-  virtual void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) = 0;
+  /// out[N, D] = weight[tokens[n] − vocab_start, :] for token ids in [vocab_start,
+  /// vocab_start + V_local), zero rows for the others (a vocab-parallel shard of the table);
+  /// weight [V_local, D], tokens i32 [N]. @throws std::out_of_range for an id outside
+  /// [0, vocab_size).
+  virtual void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out, int64_t vocab_start,
+                                 int64_t vocab_size) = 0;
+  /// grad_weight[V_local, D] accumulates grad_out[n, :] into row tokens[n] − vocab_start for
+  /// the ids this shard holds (others are skipped).
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight,
+                                  int64_t vocab_start) = 0;
   /// RMSNorm over the last dim (Zhang & Sennrich 2019): y = x · rstd · w, rstd[n] =
   /// 1/sqrt(mean(x[n]²) + eps); x, y [N, D], w [D], rstd [N] (saved for backward).
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) = 0;
@@ -86,6 +92,21 @@ class Device {
   /// @throws std::out_of_range for a target outside [0, V).
   virtual double cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
                                float grad_scale) = 0;
+  /// Vocab-parallel cross-entropy, step 1 (Megatron-LM's vocab-parallel loss, Shoeybi et al.
+  /// 2019 §3): per row n of this rank's logits [N, V_local] (vocabulary columns
+  /// [vocab_start, vocab_start + V_local)), stats[n] = {m = max_j logit, s = Σ_j exp(logit − m),
+  /// the target's logit when this shard holds it, else 0}; stats [N, 3].
+  /// @throws std::out_of_range for a target outside [0, vocab_size).
+  virtual void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                     int64_t vocab_size, const Tensor& stats) = 0;
+  /// Step 2: combines the stats of P shards, stats_all [P, N, 3] (rank order), into
+  /// lse[n] = M + log Σ_p s_p·exp(m_p − M) with M = max_p m_p, and returns
+  /// Σ_n (lse[n] − Σ_p target_p[n]) in nats (fp64, fixed order: identical on every rank).
+  virtual double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) = 0;
+  /// Step 3: dlogits [N, V_local] = grad_scale · (exp(logit − lse[n]) − onehot(target)) over
+  /// this shard's columns; dlogits may alias logits.
+  virtual void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
+                                  const Tensor& dlogits, float grad_scale) = 0;
 
   // ---- optimizer and reductions ----
   /// One AdamW step on flat tensors of equal numel (param, grad, exp_avg, exp_avg_sq).
@@ -99,6 +120,9 @@ class Device {
   virtual void add(const Tensor& y, const Tensor& x, float alpha) = 0;
   /// dst = src (equal numel and dtype).
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;
+  /// Column block copy between row-major f32 matrices with the same number of rows:
+  /// dst[n, dst_col + j] = src[n, src_col + j] for j < cols; dst [N, Cd], src [N, Cs].
+  virtual void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) = 0;
   /// x = value (f32), or zero bytes for other dtypes when value == 0.
   virtual void fill(const Tensor& x, float value) = 0;
 };

@@ -17,7 +17,7 @@ float init_value(const Parameter& p, uint64_t seed, uint64_t name_hash, int64_t 
 void init_range(const Parameter& p, uint64_t seed, int64_t first, int64_t count, float* host) {
   const uint64_t h = fnv1a64(p.name);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < count; ++i) host[i] = init_value(p, seed, h, first + i);
+  for (int64_t i = 0; i < count; ++i) host[i] = init_value(p, seed, h, global_flat_index(p, first + i));
 }
 
 }  // namespace meshtrain

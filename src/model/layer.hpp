@@ -7,6 +7,7 @@
 
 #include "device/device.hpp"
 #include "model/parameter.hpp"
+#include "model/tensor_parallel.hpp"
 
 namespace meshtrain {
 
@@ -32,9 +33,10 @@ class SavedTensors {
 /// Inputs and outputs of one micro-batch shared by all layers of the graph.
 struct StepContext {
   Device* dev = nullptr;
+  TensorParallel tp;         ///< the layers' tensor-parallel group (size 1: none)
   int64_t batch = 0;         ///< B, samples in this micro-batch
   int64_t seq_len = 0;       ///< T
-  Tensor tokens;             ///< i32 [B·T] inputs
+  Tensor tokens;             ///< i32 [B·T] inputs (the whole micro-batch on every tp rank)
   Tensor targets;            ///< i32 [B·T] next tokens
   Tensor rope_cos, rope_sin; ///< [T, head_dim/2]
   float loss_grad_scale = 0; ///< d(loss)/d(per-token CE): 1 / global target tokens
@@ -49,8 +51,9 @@ class Layer {
   virtual const std::string& name() const = 0;
   /// Parameters owned by this layer (and its sub-layers), in a fixed order.
   virtual std::vector<Parameter*> parameters() = 0;
-  /// in/out shapes depend on the layer: embedding tokens → [B·T, D]; block [B·T, D] → [B·T, D];
-  /// output head [B·T, D] → scalar loss (also in ctx.loss_sum).
+  /// in/out shapes depend on the layer: embedding tokens → [N, D]; block [N, D] → [N, D];
+  /// output head [N, D] → loss (in ctx.loss_sum); N = B·T, or B·T / tp under sequence
+  /// parallelism (tp_local_tokens).
   virtual Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& in) = 0;
   /// Gradient w.r.t. `in` from the gradient w.r.t. the output (empty for the head and the
   /// embedding). Accumulates into parameter grads.

@@ -1,7 +1,9 @@
 #pragma once
 /// @file Parameter: a named model weight with its gradient, initialization rule and sharding
 /// spec (DESIGN.md data flow step 5).
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "tensor/tensor.hpp"
 
@@ -15,20 +17,27 @@ struct InitSpec {
   double bound = 2.0;  ///< truncation at ±bound·std (kTruncNormal)
 };
 
-/// Placement of a parameter over the mesh. tp_dim: the dim split over tensor-parallel ranks
-/// (-1 = replicated); fsdp_shard: dim-0 shard over the fsdp group (FSDP2-style, padded evenly).
-/// Only the fully replicated placement is implemented in this issue.
+/// Tensor-parallel placement of a parameter (DESIGN.md data flow step 5). A parameter split
+/// over the tp group holds, on tp rank r, the slab [tp_first, tp_first + local extent) of its
+/// global shape along tp_dim (⌈E/tp⌉ per rank, the last rank possibly fewer: vocabularies and
+/// FFN widths need not divide). A replicated one (tp_dim = −1) is identical on every tp rank;
+/// tp_partial_grad marks those whose gradient each tp rank computes only in part (norms under
+/// sequence parallelism, Qwen3 q/k norms over split heads), summed over tp after backward.
+/// FSDP then shards the tp-local tensor along its dim 0 (parallel/fsdp/dim0_shard.hpp).
 struct ShardingSpec {
   int tp_dim = -1;
-  bool fsdp_shard = false;
+  int64_t tp_size = 1;   ///< tensor-parallel degree of the model holding this parameter
+  int64_t tp_first = 0;  ///< first global index along tp_dim held on this rank
+  bool tp_partial_grad = false;
 };
 
 /// A model weight. `value` and `grad` are views into the model's flat parameter and gradient
-/// buffers (so data-parallel buckets are contiguous slices); shape is the global shape.
+/// buffers (so data-parallel buckets are contiguous slices) of the tensor-parallel local shape.
 struct Parameter {
   std::string name;       ///< Meta naming, e.g. layers.0.attention.wq.weight
   Shape shape;            ///< global shape
-  Tensor value;           ///< local shard (== global while unsharded)
+  Shape local_shape;      ///< this tp rank's slab (== shape unless split over tp)
+  Tensor value;           ///< [local_shape] (FSDP binds it only while the unit is gathered)
   Tensor grad;            ///< same shape as value
   InitSpec init;
   bool weight_decay = true;  ///< false for norms and embeddings unless the deck says otherwise
@@ -41,10 +50,27 @@ struct Parameter {
 inline Parameter make_parameter(std::string name, Shape shape, InitSpec init, bool weight_decay = true) {
   Parameter p;
   p.name = std::move(name);
+  p.local_shape = shape;
   p.shape = std::move(shape);
   p.init = init;
   p.weight_decay = weight_decay;
   return p;
 }
+
+/// Rows of an extent E split over `parts` ranks as torch.chunk does: ⌈E/parts⌉ each, the
+/// last ranks fewer (possibly none). Returns {first, count} for `part`.
+inline std::pair<int64_t, int64_t> chunk_range(int64_t extent, int64_t parts, int64_t part) {
+  const int64_t per = (extent + parts - 1) / parts;
+  const int64_t first = std::min(extent, part * per);
+  return {first, std::min(extent, first + per) - first};
+}
+
+/// Splits `p` along `dim` over a tensor-parallel group of `tp` ranks; this is rank `rank`'s
+/// slab (chunk_range). No-op for tp == 1. @throws std::invalid_argument for a bad dim or a
+/// rank that would hold nothing (config validation rejects such models first).
+void split_tensor_parallel(Parameter& p, int dim, int64_t tp, int64_t rank);
+
+/// The global flat (row-major) index of element `local_index` of p's tp-local tensor.
+int64_t global_flat_index(const Parameter& p, int64_t local_index);
 
 }  // namespace meshtrain

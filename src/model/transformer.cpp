@@ -15,19 +15,21 @@ namespace {
 constexpr int64_t kAlign = 16;  // elements: 64-byte aligned parameter views
 }
 
-Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage) : args_(args), dev_(dev) {
-  auto emb = std::make_unique<Embedding>(args);
+Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage, const TensorParallel& tp)
+    : args_(args), dev_(dev), tp_(tp) {
+  auto emb = std::make_unique<Embedding>(args, tp);
   Parameter* tied = &emb->weight;
   owned_.push_back(std::move(emb));
-  for (int i = 0; i < int(args.n_layers); ++i) owned_.push_back(std::make_unique<TransformerBlock>(args, i));
-  owned_.push_back(std::make_unique<OutputHead>(args, tied));
+  for (int i = 0; i < int(args.n_layers); ++i) owned_.push_back(std::make_unique<TransformerBlock>(args, i, tp));
+  owned_.push_back(std::make_unique<OutputHead>(args, tied, tp));
   int64_t total = 0;
   for (auto& u : owned_) {
     units_.push_back(u.get());
     const size_t first = params_.size();
     for (Parameter* p : u->parameters()) {
+      p->sharding.tp_size = tp.size;
       p->flat_offset = total;
-      total += (shape_numel(p->shape) + kAlign - 1) / kAlign * kAlign;
+      total += (shape_numel(p->local_shape) + kAlign - 1) / kAlign * kAlign;
       params_.push_back(p);
     }
     unit_ranges_.emplace_back(first, params_.size());
@@ -35,8 +37,8 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
   if (storage.params) flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
   if (storage.grads) flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
   for (Parameter* p : params_) {
-    if (storage.params) p->value = flat_params_.view(p->shape, p->flat_offset);
-    if (storage.grads) p->grad = flat_grads_.view(p->shape, p->flat_offset);
+    if (storage.params) p->value = flat_params_.view(p->local_shape, p->flat_offset);
+    if (storage.grads) p->grad = flat_grads_.view(p->local_shape, p->flat_offset);
   }
 }
 
@@ -68,6 +70,7 @@ StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t
     }
   StepContext ctx;
   ctx.dev = &dev_;
+  ctx.tp = tp_;
   ctx.batch = n;
   ctx.seq_len = t;
   ctx.loss_grad_scale = loss_grad_scale;

@@ -21,9 +21,12 @@ struct ModelStorage {
 class Transformer {
  public:
   /// Builds the layers and, per `storage`, allocates parameters (kParameters) and zeroed
-  /// gradients (kGradients) on `dev` in one flat buffer each. Values are uninitialized until
-  /// init_weights().
-  Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {});
+  /// gradients (kGradients) on `dev` in one flat buffer each, in their tensor-parallel local
+  /// shapes (tp: this rank's place in its tp group; the layers use tp.comm at run time).
+  /// Values are uninitialized until init_weights().
+  /// @throws std::invalid_argument when tp does not divide the heads, or leaves a tp rank
+  /// without vocabulary rows or FFN hidden units.
+  Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {}, const TensorParallel& tp = {});
 
   /// Layer-independent initialization: element i of parameter p is a pure function of
   /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
@@ -32,6 +35,7 @@ class Transformer {
   void init_weights(uint64_t seed);
 
   const ModelArgs& args() const { return args_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   /// Units in execution order (embedding, blocks, output head).
   const std::vector<Layer*>& units() const { return units_; }
   /// Every parameter once (a tied output projection is the embedding's), in unit order.
@@ -48,7 +52,7 @@ class Transformer {
   /// scaling when args.use_rope_scaling), computed once per seq_len and cached.
   std::pair<Tensor, Tensor> rope_tables(int64_t seq_len);
   /// The context of one micro-batch from `samples` [n, T+1] token ids (inputs [:, :T], targets
-  /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T.
+  /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T and its tp group.
   StepContext make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale, bool need_backward);
   /// Looks up a parameter by name; nullptr when absent.
   Parameter* find(const std::string& name) const;
@@ -56,6 +60,7 @@ class Transformer {
  private:
   ModelArgs args_;
   Device& dev_;
+  TensorParallel tp_;
   std::vector<std::unique_ptr<Layer>> owned_;
   std::vector<Layer*> units_;
   std::vector<Parameter*> params_;

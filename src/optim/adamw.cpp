@@ -36,7 +36,11 @@ void AdamW::step(float lr) {
   }
 }
 
-double grad_norm(Device& dev, GradientSync& sync) { return std::sqrt(sync.grad_sum_squares(dev)); }
+double grad_norm(Device& dev, GradientSync& sync, Communicator* tp) {
+  double s = sync.grad_sum_squares(dev);
+  if (tp && tp->size() > 1) tp->all_reduce_host(&s, 1, ReduceOp::kSum);
+  return std::sqrt(s);
+}
 
 double clip_grad_norm(Device& dev, const std::vector<LocalShard>& shards, double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;

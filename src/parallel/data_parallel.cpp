@@ -47,7 +47,7 @@ void DataParallel::finish() {
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double DataParallel::grad_sum_squares(Device& dev) { return dev.sum_squares(model_.flat_grads()); }
+double DataParallel::grad_sum_squares(Device& dev) { return local_sum_squares(dev, shards_); }
 
 double DataParallel::take_comm_wait_seconds() {
   const double s = wait_s_;

@@ -23,7 +23,8 @@ struct LocalShard {
 /// Every parameter of a model holding replicated parameters and gradients, whole, in model
 /// order. @throws std::logic_error when the model does not hold them.
 std::vector<LocalShard> replicated_shards(const Transformer& model);
-/// Σ g² over the gradients of `shards` on this rank only (fp64).
+/// Σ g² over the gradients of `shards` on this rank only (fp64), a parameter replicated over a
+/// tp group of T ranks weighted 1/T (so summing the result over tp counts it once).
 double local_sum_squares(Device& dev, const std::vector<LocalShard>& shards);
 
 class GradientSync : public UnitHooks {
@@ -41,8 +42,9 @@ class GradientSync : public UnitHooks {
   /// This rank's pieces of every parameter, in model order, for the optimizer; stable for the
   /// object's lifetime.
   virtual const std::vector<LocalShard>& local_shards() const = 0;
-  /// Σ g² over every parameter of the model exactly once (fp64), reduced over the ranks that
-  /// hold disjoint pieces — the square of the global gradient norm. Collective. @throws CommError.
+  /// Σ g² (local_sum_squares) reduced over the data-parallel ranks that hold disjoint pieces;
+  /// summed over tp (grad_norm) it is the square of the global gradient norm, every
+  /// parameter counted once. Collective. @throws CommError.
   virtual double grad_sum_squares(Device& dev) = 0;
   /// Called after the optimizer updated local_shards(): sharded strategies mark replicated
   /// copies stale and start gathering them (ZeRO-1/2), overlapping the next forward.

@@ -21,6 +21,8 @@
 #include "optim/lr_schedule.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
+#include "parallel/tp_gather.hpp"
+#include "parallel/tp_grads.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
 
@@ -115,7 +117,16 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   Communicator& fsdp_comm = comms.get(MeshDim::kFSDP);
   const bool sharded = fsdp_comm.size() > 1;
   const int zero_stage = sharded ? int(cfg.parallelism.zero_stage) : 0;
-  Transformer model(args, dev, sharded ? model_storage_for(zero_stage) : ModelStorage{});
+  // Tensor parallelism inside the node (tp innermost in the layout); the data-parallel
+  // strategies below then shard or replicate the tp-local tensors (2-D parallelism).
+  Communicator& tp_comm = comms.get(MeshDim::kTP);
+  TensorParallel tp;
+  tp.comm = &tp_comm;
+  tp.size = tp_comm.size();
+  tp.rank = tp_comm.rank();
+  tp.sequence_parallel = cfg.parallelism.enable_sequence_parallel;
+  tp.loss_parallel = !cfg.parallelism.disable_loss_parallel;
+  Transformer model(args, dev, sharded ? model_storage_for(zero_stage) : ModelStorage{}, tp);
   std::unique_ptr<GradientSync> sync;
   if (sharded) {
     ShardedOptions so;
@@ -149,6 +160,10 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
             " parameters, " + fmt("%.3g", flops_per_token) + " FLOPs/token; world " + std::to_string(world.size()) +
             " (dp_replicate " + std::to_string(dims.dp_replicate) + ", dp_shard " + std::to_string(dims.dp_shard) +
             (sharded ? (zero_stage == 3 ? ", FSDP" : ", ZeRO-" + std::to_string(zero_stage)) : std::string()) +
+            ", tp " + std::to_string(dims.tp) +
+            (dims.tp > 1 ? std::string(tp.sequence_parallel ? ", sequence parallel" : "") +
+                               (tp.loss_parallel ? ", loss parallel" : ", logits gathered for the loss")
+                         : std::string()) +
             "); global batch " + std::to_string(global_batch) +
             " x " + std::to_string(seq_len) + " tokens, grad accumulation " + std::to_string(accum) + "; peak " +
             fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + ")");
@@ -188,11 +203,12 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       loss_sum += ctx.loss_sum;
     }
     sync->finish_gradients();
+    reduce_tp_partial_grads(dev, tp_comm, sync->local_shards());
     loader.advance(global_batch);
     loss_comm.all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
     const double loss = loss_sum / double(global_batch * seq_len);
     if (!std::isfinite(loss)) throw std::runtime_error("loss is " + fmt("%f", loss) + " at step " + std::to_string(step));
-    const double norm = grad_norm(dev, *sync);
+    const double norm = grad_norm(dev, *sync, &tp_comm);
     clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
     const double lr = schedule.lr(step);
     opt.step(float(lr));
@@ -247,7 +263,15 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
   note_peaks();  // before the dump gathers every parameter at once
   sync->gather_full_parameters();  // collective
-  if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev);
+  {
+    DumpOptions dump;
+    std::vector<std::vector<float>> global;
+    if (tp.active()) {  // reassemble the slabs (collective over tp)
+      for (Parameter* p : model.parameters()) global.push_back(gather_tp_parameter(dev, tp_comm, *p));
+      dump.global_values = &global;
+    }
+    if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev, dump);
+  }
   sync->release_full_parameters();
   // Per-category peaks of the largest rank (shards are uneven when shapes do not divide).
   std::array<double, kNumMemCategories> peaks{};
@@ -263,7 +287,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                  {"final_val_loss", summary.final_val_loss}, {"unigram_entropy", unigram},
                  {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},
                  {"tokens", int64_t(summary.steps * global_batch * seq_len)}, {"world_size", world.size()},
-                 {"parameters", args.num_params()}, {"dp_replicate", dims.dp_replicate}, {"dp_shard", dims.dp_shard},
+                 {"parameters", args.num_params()}, {"dp_replicate", dims.dp_replicate}, {"dp_shard", dims.dp_shard}, {"tp", dims.tp},
                  {"zero_stage", zero_stage}, {"memory_peak_bytes_by_category", by_cat}});
   log::info("summary: " + std::to_string(summary.steps) + " steps in " + fmt("%.1f s", summary.elapsed_s) +
             ", final loss " + fmt("%.4f", summary.final_loss) +

@@ -45,8 +45,15 @@ def run(args, np_, tag, layout_args):
 
 
 def rel(a, b):
+    """Largest element error relative to the largest element (max |a - b| / max |a|)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
+
+
+def rel_l2(a, b):
+    """Tensor relative error in the 2-norm, ||a - b|| / ||a||."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
 
 
 def run_arguments(description):
@@ -66,6 +73,11 @@ def main():
     p.add_argument("--np", type=int, nargs="+", default=[])
     p.add_argument("--layout", action="append", default=[], help='"NAME NP [--section.key=value ...]"')
     p.add_argument("--tol", type=float, default=1e-5)
+    p.add_argument("--param-metric", choices=["max", "l2"], default="max",
+                   help="final parameters: max = largest element error / largest element <= tol; l2 = "
+                        "per-tensor ||a-b||/||a|| <= tol and largest element error <= 100 tol (layouts that "
+                        "split a matmul's reduction dimension, where Adam amplifies fp32 rounding in the "
+                        "few elements whose gradient is ~eps)")
     p.add_argument("--repeat", type=int, default=0, help="also rerun this rank count and demand bitwise equality")
     args = p.parse_args()
     layouts = [(f"np{n}", n, [f"--parallelism.data_parallel_replicate_degree={n}"]) for n in args.np]
@@ -89,11 +101,16 @@ def main():
                      f"reference {len(ref[0])} / {len(ref[1])}")
         e_loss = max(abs(a - b) / abs(a) for a, b in zip(ref[0], cur[0]))
         e_val = max((abs(a - b) / abs(a) for a, b in zip(ref[1], cur[1])), default=0.0)
+        missing = sorted(set(ref[2]) ^ set(cur[2]))
+        if missing:
+            sys.exit(f"FAIL: {tag} and {ref_tag} dumped different parameters: {missing}")
         e_par = max(rel(ref[2][k], cur[2][k]) for k in ref[2])
-        ok = e_loss <= args.tol and e_val <= args.tol and e_par <= args.tol
+        e_l2 = max(rel_l2(ref[2][k], cur[2][k]) for k in ref[2])
+        par_ok = e_par <= args.tol if args.param_metric == "max" else (e_l2 <= args.tol and e_par <= 100 * args.tol)
+        ok = e_loss <= args.tol and e_val <= args.tol and par_ok
         failed |= not ok
-        print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, final params rel err {e_par:.2e}"
-              f" -> {'ok' if ok else 'FAIL'}")
+        print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, final params rel err "
+              f"{e_par:.2e} (largest element), {e_l2:.2e} (2-norm) -> {'ok' if ok else 'FAIL'}")
     if args.repeat:
         if args.repeat not in args.np:
             sys.exit(f"--repeat {args.repeat} must be one of --np")

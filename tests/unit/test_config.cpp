@@ -243,6 +243,13 @@ BOOST_AUTO_TEST_CASE(model_and_batch_rules_name_the_responsible_key) {
                  ".toml:8: [training] seq_len: seq_len 64 is not divisible by 2·cp = 6 (zigzag"));
   BOOST_TEST(has(error_of(b, with({"--parallelism.tensor_parallel_degree=2", "--training.seq_len=33"}), 2),
                  "[training] seq_len: seq_len / cp = 33 is not divisible by tp 2 (sequence parallelism"));
+  // Without sequence parallelism the residual stream is replicated: any seq_len works.
+  BOOST_TEST(error_of(b, with({"--parallelism.tensor_parallel_degree=2", "--training.seq_len=33",
+                               "--parallelism.enable_sequence_parallel=false"}), 2) == "");
+  // Vocabulary rows and FFN units split ⌈E/tp⌉ per rank: 5 rows over tp 4 leave rank 3 none.
+  BOOST_TEST(has(error_of(b, with({"--parallelism.tensor_parallel_degree=4", "--model.vocab_size=5"}), 4),
+                 "[model] vocab_size: vocab_size 5 leaves tp rank 3 of 4 nothing to hold"));
+  BOOST_TEST(error_of(b, with({"--parallelism.tensor_parallel_degree=4", "--model.vocab_size=515"}), 4) == "");
   BOOST_TEST(has(error_of(b, with({"--parallelism.pipeline_parallel_degree=8"}), 8),
                  "[parallelism] pipeline_parallel_degree: pp 8 exceeds n_layers 6"));
   BOOST_TEST(has(error_of(b, {"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_replicate_degree=2"}, 2),
@@ -307,7 +314,6 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] tensor_parallel_degree: tensor parallelism (tp = 2)"},
       {{"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] pipeline_parallel_degree: pipeline parallelism"},
       {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},
       {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
@@ -323,7 +329,11 @@ BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   }
   // The same options pass the layout-only rules (meshtrain layout lays out published decks).
   BOOST_TEST(load(kBase, {"--parallelism.tensor_parallel_degree=2"}).validate_layout(8).dp_shard == 4);
-  // What is implemented passes: replication, full and selective-N checkpointing, "op" unused.
+  // What is implemented passes: replication, tensor parallelism (with and without sequence
+  // parallelism and loss parallelism), full and selective-N checkpointing, "op" unused.
+  BOOST_TEST(error_of(kBase, {"--parallelism.tensor_parallel_degree=2"}, 8) == "");
+  BOOST_TEST(error_of(kBase, {"--parallelism.tensor_parallel_degree=4", "--parallelism.enable_sequence_parallel=false",
+                              "--parallelism.disable_loss_parallel=true"}, 4) == "");
   BOOST_TEST(error_of(kBase, {"--parallelism.data_parallel_replicate_degree=2"}, 2) == "");
   BOOST_TEST(error_of(kBase, {"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=3"}) == "");
   BOOST_TEST(error_of(kBase, {"--activation_checkpoint.mode=full", "--activation_checkpoint.selective_ac_option=op"}) == "");

@@ -20,8 +20,10 @@ class CpuDevice final : public Device {
   void download(void* host, const Tensor& src, size_t bytes) override;
   void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
               float beta) override;
-  void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) override;
-  void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) override;
+  void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out, int64_t vocab_start,
+                         int64_t vocab_size) override;
+  void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight,
+                          int64_t vocab_start) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override;
@@ -35,12 +37,18 @@ class CpuDevice final : public Device {
   void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
                        const Tensor& db) override;
   double cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& dlogits, float grad_scale) override;
+  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                             const Tensor& stats) override;
+  double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) override;
+  void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
+                          const Tensor& dlogits, float grad_scale) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
              const AdamWParams& p) override;
   double sum_squares(const Tensor& x) override;
   void scale(const Tensor& x, float alpha) override;
   void add(const Tensor& y, const Tensor& x, float alpha) override;
   void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) override;
   void fill(const Tensor& x, float value) override;
 
  private:

@@ -2,11 +2,24 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device/cpu/cpu_device.hpp"
 
 namespace meshtrain {
+
+namespace {
+// {m, Σ_j exp(x_j − m)} of one row x [v], m = max_j x_j (the stable log-sum-exp's two parts).
+std::pair<float, float> max_and_sum_exp(const float* x, int64_t v) {
+  float mx = x[0];
+  for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < v; ++j) sum += std::exp(x[j] - mx);
+  return {mx, sum};
+}
+}  // namespace
 
 void CpuDevice::swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) {
   const int64_t n = a.numel();
@@ -47,11 +60,7 @@ double CpuDevice::cross_entropy(const Tensor& logits, const Tensor& targets, con
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = lp + i * v;
-    float mx = x[0];
-    for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
-    float sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < v; ++j) sum += std::exp(x[j] - mx);
+    const auto [mx, sum] = max_and_sum_exp(x, v);
     const float lse = mx + std::log(sum);
     row_loss[i] = double(lse) - double(x[tp[i]]);
     if (dp) {
@@ -62,6 +71,65 @@ double CpuDevice::cross_entropy(const Tensor& logits, const Tensor& targets, con
     }
   }
   return deterministic_sum(row_loss.data(), n);
+}
+
+void CpuDevice::cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                      int64_t vocab_size, const Tensor& stats) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  const float* lp = logits.f32();
+  const int32_t* tp = targets.i32();
+  float* st = stats.f32();
+  for (int64_t i = 0; i < n; ++i)
+    if (tp[i] < 0 || tp[i] >= vocab_size)
+      throw std::out_of_range("target id " + std::to_string(tp[i]) + " outside vocab " + std::to_string(vocab_size));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = lp + i * v;
+    const auto [mx, sum] = max_and_sum_exp(x, v);
+    const int64_t col = int64_t(tp[i]) - vocab_start;
+    st[3 * i] = mx;
+    st[3 * i + 1] = sum;
+    st[3 * i + 2] = col >= 0 && col < v ? x[col] : 0.0f;
+  }
+}
+
+double CpuDevice::cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) {
+  const int64_t p = stats_all.dim(0), n = stats_all.dim(1);
+  const float* st = stats_all.f32();
+  float* out = lse.f32();
+  std::vector<double> row_loss(n);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float mx = st[3 * i];
+    for (int64_t r = 1; r < p; ++r) mx = std::max(mx, st[(r * n + i) * 3]);
+    float sum = 0, target = 0;
+    for (int64_t r = 0; r < p; ++r) {
+      const float* s = st + (r * n + i) * 3;
+      sum += s[1] * std::exp(s[0] - mx);
+      target += s[2];  // only the shard holding the target contributes a non-zero value
+    }
+    out[i] = mx + std::log(sum);
+    row_loss[i] = double(out[i]) - double(target);
+  }
+  return deterministic_sum(row_loss.data(), n);
+}
+
+void CpuDevice::cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                   const Tensor& lse, const Tensor& dlogits, float grad_scale) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  const float *lp = logits.f32(), *lsep = lse.f32();
+  const int32_t* tp = targets.i32();
+  float* dp = dlogits.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* x = lp + i * v;
+    float* g = dp + i * v;
+    const float l = lsep[i];
+#pragma omp simd
+    for (int64_t j = 0; j < v; ++j) g[j] = grad_scale * std::exp(x[j] - l);
+    const int64_t col = int64_t(tp[i]) - vocab_start;
+    if (col >= 0 && col < v) g[col] -= grad_scale;
+  }
 }
 
 }  // namespace meshtrain

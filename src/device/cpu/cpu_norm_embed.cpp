@@ -11,19 +11,28 @@
 
 namespace meshtrain {
 
-void CpuDevice::embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out) {
+void CpuDevice::embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out, int64_t vocab_start,
+                                  int64_t vocab_size) {
   const int64_t n = tokens.numel(), d = weight.dim(1), v = weight.dim(0);
   const int32_t* tok = tokens.i32();
   const float* w = weight.f32();
   float* o = out.f32();
   for (int64_t i = 0; i < n; ++i)
-    if (tok[i] < 0 || tok[i] >= v) throw std::out_of_range("token id " + std::to_string(tok[i]) + " outside vocab " + std::to_string(v));
+    if (tok[i] < 0 || tok[i] >= vocab_size)
+      throw std::out_of_range("token id " + std::to_string(tok[i]) + " outside vocab " + std::to_string(vocab_size));
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * d, w + int64_t(tok[i]) * d, sizeof(float) * d);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = int64_t(tok[i]) - vocab_start;
+    if (row >= 0 && row < v)
+      std::memcpy(o + i * d, w + row * d, sizeof(float) * d);
+    else
+      std::memset(o + i * d, 0, sizeof(float) * d);
+  }
 }
 
-void CpuDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight) {
-  const int64_t n = tokens.numel(), d = grad_weight.dim(1);
+void CpuDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight,
+                                   int64_t vocab_start) {
+  const int64_t n = tokens.numel(), d = grad_weight.dim(1), v = grad_weight.dim(0);
   const int32_t* tok = tokens.i32();
   const float* g = grad_out.f32();
   float* gw = grad_weight.f32();
@@ -34,7 +43,9 @@ void CpuDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens,
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t c0 = d * t / nt, c1 = d * (t + 1) / nt;
     for (int64_t i = 0; i < n; ++i) {
-      float* dst = gw + int64_t(tok[i]) * d;
+      const int64_t row = int64_t(tok[i]) - vocab_start;
+      if (row < 0 || row >= v) continue;
+      float* dst = gw + row * d;
       const float* src = g + i * d;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }

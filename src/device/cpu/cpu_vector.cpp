@@ -76,6 +76,16 @@ void CpuDevice::copy(const Tensor& dst, const Tensor& src) {
   std::memcpy(dst.raw(), src.raw(), src.nbytes());
 }
 
+void CpuDevice::copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) {
+  const int64_t n = dst.dim(0), cd = dst.dim(1), cs = src.dim(1);
+  if (src.dim(0) != n || dst_col < 0 || src_col < 0 || dst_col + cols > cd || src_col + cols > cs)
+    throw std::invalid_argument("copy_columns: block outside the matrices");
+  const float* s = src.f32();
+  float* d = dst.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * cd + dst_col, s + i * cs + src_col, sizeof(float) * cols);
+}
+
 void CpuDevice::fill(const Tensor& x, float value) {
   if (x.dtype() != DType::kF32) {
     if (value != 0.0f) throw std::invalid_argument("fill of a non-f32 tensor with a non-zero value");

@@ -1,15 +1,16 @@
 #include "model/layers/attention.hpp"
 
 #include <cmath>
+#include <stdexcept>
 
 #include "model/layers/primitives.hpp"
 
 namespace meshtrain {
 
-Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix)
+Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix, const TensorParallel& tp)
     : name_(prefix + "attention"),
-      n_heads_(a.n_heads),
-      n_kv_heads_(a.n_kv_heads),
+      n_heads_(a.n_heads / tp.size),
+      n_kv_heads_(a.n_kv_heads / tp.size),
       head_dim_(a.head_dim),
       qk_norm_(a.qk_norm),
       norm_eps_(float(a.norm_eps)) {
@@ -21,9 +22,15 @@ Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix
   wk = make_parameter(name_ + ".wk.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
   wv = make_parameter(name_ + ".wv.weight", {a.n_kv_heads * a.head_dim, a.dim}, base);
   wo = make_parameter(name_ + ".wo.weight", {a.dim, a.n_heads * a.head_dim}, depth);
+  if (a.n_heads % tp.size || a.n_kv_heads % tp.size)
+    throw std::invalid_argument(name_ + ": n_heads and n_kv_heads must divide by tp " + std::to_string(tp.size));
+  for (Parameter* w : {&wq, &wk, &wv}) split_tensor_parallel(*w, 0, tp.size, tp.rank);
+  split_tensor_parallel(wo, 1, tp.size, tp.rank);
   if (qk_norm_) {
     q_norm = make_parameter(name_ + ".q_norm.weight", {a.head_dim}, ones, false);
     k_norm = make_parameter(name_ + ".k_norm.weight", {a.head_dim}, ones, false);
+    // Each tp rank normalizes only its own heads, so it holds part of the gradient.
+    for (Parameter* w : {&q_norm, &k_norm}) w->sharding.tp_partial_grad = tp.active();
   }
 }
 
@@ -46,8 +53,9 @@ Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const Tensor
   return y4;
 }
 
-Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
+Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
   Device& dev = *ctx.dev;
+  const Tensor x = tp_enter(dev, ctx.tp, x_local);
   const int64_t n = x.dim(0);
   Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
   Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
@@ -59,7 +67,7 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
   Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
   Tensor out = linear_forward(dev, o2, wo);
   for (const Tensor& t : {x, q, k, v, o, lse}) saved.push(t);
-  return out;
+  return tp_exit(dev, ctx.tp, out);
 }
 
 Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm,
@@ -71,8 +79,9 @@ Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Ten
   return d2.reshape({ctx.batch * ctx.seq_len, heads * head_dim_});
 }
 
-Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
+Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {
   Device& dev = *ctx.dev;
+  const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   Tensor lse = saved.pop(), o = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop(), x = saved.pop();
   const int64_t n = x.dim(0);
   Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
@@ -87,7 +96,7 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
   Tensor dx = linear_backward(dev, dq2, x, wq);
   linear_backward(dev, dk2, x, wk, &dx);
   linear_backward(dev, dv.reshape({n, n_kv_heads_ * head_dim_}), x, wv, &dx);
-  return dx;
+  return tp_exit(dev, ctx.tp, dx);
 }
 
 }  // namespace meshtrain

@@ -6,10 +6,14 @@
 namespace meshtrain {
 
 /// wq [Hq·Dh, D], wk, wv [Hkv·Dh, D], wo [D, Hq·Dh]; q_norm, k_norm [Dh] when qk_norm.
-/// forward: x [B·T, D] (already normed) → [B·T, D].
+/// forward: x [N, D] (already normed) → [N, D], N per tp_local_tokens. Under tensor
+/// parallelism wq, wk, wv are column-parallel (this rank's Hq/tp query and Hkv/tp kv heads;
+/// local query head h still reads local kv head h / (Hq/Hkv)) and wo row-parallel: one tp_exit
+/// in forward and one in backward. q_norm / k_norm stay replicated, their gradients partial.
 class Attention final : public Layer {
  public:
-  Attention(const ModelArgs& args, int layer_id, const std::string& prefix);
+  /// @throws std::invalid_argument when tp does not divide n_heads or n_kv_heads.
+  Attention(const ModelArgs& args, int layer_id, const std::string& prefix, const TensorParallel& tp);
   const std::string& name() const override { return name_; }
   std::vector<Parameter*> parameters() override;
   Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;

@@ -6,29 +6,33 @@
 
 namespace meshtrain {
 
-Embedding::Embedding(const ModelArgs& a) {
+Embedding::Embedding(const ModelArgs& a, const TensorParallel& tp) : vocab_size_(a.vocab_size) {
   // TorchTitan initializes the embedding with N(0, 1); when tied to the output projection the
   // output's init (std D^-1/2) is used instead so initial logits stay O(1).
   const double std = a.tie_word_embeddings ? 1.0 / std::sqrt(double(a.dim)) : 1.0;
   weight = make_parameter("tok_embeddings.weight", {a.vocab_size, a.dim}, InitSpec{InitSpec::Kind::kTruncNormal, std, 3.0}, false);
+  split_tensor_parallel(weight, 0, tp.size, tp.rank);
 }
 
 Tensor Embedding::forward(StepContext& ctx, SavedTensors&, const Tensor&) {
   Tensor out = ctx.dev->empty({ctx.tokens.numel(), weight.value.dim(1)}, DType::kF32, MemCategory::kActivations);
-  ctx.dev->embedding_forward(weight.value, ctx.tokens, out);
-  return out;
+  ctx.dev->embedding_forward(weight.value, ctx.tokens, out, weight.sharding.tp_first, vocab_size_);
+  return tp_exit(*ctx.dev, ctx.tp, out);
 }
 
 Tensor Embedding::backward(StepContext& ctx, SavedTensors&, const Tensor& dout) {
-  ctx.dev->embedding_backward(dout, ctx.tokens, weight.grad);
+  ctx.dev->embedding_backward(tp_enter(*ctx.dev, ctx.tp, dout), ctx.tokens, weight.grad, weight.sharding.tp_first);
   return Tensor();
 }
 
-OutputHead::OutputHead(const ModelArgs& a, Parameter* tied_embedding)
-    : tied_(a.tie_word_embeddings ? tied_embedding : nullptr), eps_(float(a.norm_eps)) {
+OutputHead::OutputHead(const ModelArgs& a, Parameter* tied_embedding, const TensorParallel& tp)
+    : tied_(a.tie_word_embeddings ? tied_embedding : nullptr), eps_(float(a.norm_eps)), vocab_size_(a.vocab_size) {
   norm = make_parameter("norm.weight", {a.dim}, InitSpec{InitSpec::Kind::kOnes, 0, 0}, false);
-  if (!tied_)
+  norm.sharding.tp_partial_grad = tp.active() && tp.sequence_parallel;
+  if (!tied_) {
     output = make_parameter("output.weight", {a.vocab_size, a.dim}, InitSpec{InitSpec::Kind::kTruncNormal, 1.0 / std::sqrt(double(a.dim)), 3.0});
+    split_tensor_parallel(output, 0, tp.size, tp.rank);
+  }
 }
 
 std::vector<Parameter*> OutputHead::parameters() {
@@ -38,11 +42,13 @@ std::vector<Parameter*> OutputHead::parameters() {
 
 Tensor OutputHead::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
   Device& dev = *ctx.dev;
-  Tensor h = rmsnorm_forward(dev, saved, x, norm, eps_);
-  Tensor logits = linear_forward(dev, h, out_weight());
+  Tensor h = tp_enter(dev, ctx.tp, rmsnorm_forward(dev, saved, x, norm, eps_));
+  Parameter& w = out_weight();
+  Tensor logits = linear_forward(dev, h, w);
   Tensor dlogits;
   if (ctx.need_backward) dlogits = logits;  // gradient overwrites the logits in place: one [N, V] buffer
-  ctx.loss_sum += dev.cross_entropy(logits, ctx.targets, dlogits, ctx.loss_grad_scale);
+  ctx.loss_sum += tp_cross_entropy(dev, ctx.tp, logits, ctx.targets, w.sharding.tp_first, vocab_size_, dlogits,
+                                   ctx.loss_grad_scale);
   ctx.num_targets += ctx.targets.numel();
   saved.push(h);
   saved.push(dlogits);
@@ -52,7 +58,7 @@ Tensor OutputHead::forward(StepContext& ctx, SavedTensors& saved, const Tensor& 
 Tensor OutputHead::backward(StepContext& ctx, SavedTensors& saved, const Tensor&) {
   Device& dev = *ctx.dev;
   Tensor dlogits = saved.pop(), h = saved.pop();
-  Tensor dh = linear_backward(dev, dlogits, h, out_weight());
+  Tensor dh = tp_exit(dev, ctx.tp, linear_backward(dev, dlogits, h, out_weight()));
   return rmsnorm_backward(dev, saved, dh, norm);
 }
 

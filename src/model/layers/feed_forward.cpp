@@ -6,28 +6,34 @@
 
 namespace meshtrain {
 
-FeedForward::FeedForward(const ModelArgs& a, int layer_id, const std::string& prefix) : name_(prefix + "feed_forward") {
+FeedForward::FeedForward(const ModelArgs& a, int layer_id, const std::string& prefix, const TensorParallel& tp)
+    : name_(prefix + "feed_forward") {
   const int64_t h = a.ffn_dim();
   const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
   const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
   w1 = make_parameter(name_ + ".w1.weight", {h, a.dim}, base);
   w2 = make_parameter(name_ + ".w2.weight", {a.dim, h}, depth);
   w3 = make_parameter(name_ + ".w3.weight", {h, a.dim}, depth);
+  split_tensor_parallel(w1, 0, tp.size, tp.rank);
+  split_tensor_parallel(w3, 0, tp.size, tp.rank);
+  split_tensor_parallel(w2, 1, tp.size, tp.rank);
 }
 
-Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
+Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
   Device& dev = *ctx.dev;
+  const Tensor x = tp_enter(dev, ctx.tp, x_local);
   Tensor a = linear_forward(dev, x, w1);
   Tensor b = linear_forward(dev, x, w3);
   Tensor h = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
   dev.swiglu_forward(a, b, h);
   Tensor out = linear_forward(dev, h, w2);
   for (const Tensor& t : {x, a, b, h}) saved.push(t);
-  return out;
+  return tp_exit(dev, ctx.tp, out);
 }
 
-Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
+Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {
   Device& dev = *ctx.dev;
+  const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   Tensor h = saved.pop(), b = saved.pop(), a = saved.pop(), x = saved.pop();
   Tensor dh = linear_backward(dev, dout, h, w2);
   Tensor da = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
@@ -35,7 +41,7 @@ Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor
   dev.swiglu_backward(dh, a, b, da, db);
   Tensor dx = linear_backward(dev, da, x, w1);
   linear_backward(dev, db, x, w3, &dx);
-  return dx;
+  return tp_exit(dev, ctx.tp, dx);
 }
 
 }  // namespace meshtrain

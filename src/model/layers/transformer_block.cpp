@@ -4,15 +4,16 @@
 
 namespace meshtrain {
 
-TransformerBlock::TransformerBlock(const ModelArgs& a, int layer_id)
+TransformerBlock::TransformerBlock(const ModelArgs& a, int layer_id, const TensorParallel& tp)
     : name_("layers." + std::to_string(layer_id)),
       layer_id_(layer_id),
       eps_(float(a.norm_eps)),
-      attention(a, layer_id, name_ + "."),
-      feed_forward(a, layer_id, name_ + ".") {
+      attention(a, layer_id, name_ + ".", tp),
+      feed_forward(a, layer_id, name_ + ".", tp) {
   const InitSpec ones{InitSpec::Kind::kOnes, 0, 0};
   attention_norm = make_parameter(name_ + ".attention_norm.weight", {a.dim}, ones, false);
   ffn_norm = make_parameter(name_ + ".ffn_norm.weight", {a.dim}, ones, false);
+  for (Parameter* w : {&attention_norm, &ffn_norm}) w->sharding.tp_partial_grad = tp.active() && tp.sequence_parallel;
 }
 
 std::vector<Parameter*> TransformerBlock::parameters() {

@@ -6,10 +6,11 @@
 
 namespace meshtrain {
 
-/// forward: [B·T, D] → [B·T, D].
+/// forward: [N, D] → [N, D], N per tp_local_tokens. The norms act on the rows this rank
+/// holds; under sequence parallelism those are a token shard, so their gradients are partial.
 class TransformerBlock final : public Layer {
  public:
-  TransformerBlock(const ModelArgs& args, int layer_id);
+  TransformerBlock(const ModelArgs& args, int layer_id, const TensorParallel& tp);
   const std::string& name() const override { return name_; }
   std::vector<Parameter*> parameters() override;
   Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;

@@ -35,11 +35,11 @@ ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank)
     for (Parameter* p : model.unit_parameters(u)) {
       ShardedParam sp;
       sp.param = p;
-      sp.shard = dim0_shard(p->shape, group, rank);
+      sp.shard = dim0_shard(p->local_shape, group, rank);
       sp.shard_offset = su.shard_elems;
       sp.full_offset = su.full_elems;
       su.shard_elems += align16(sp.shard.padded_elems());
-      su.full_elems += align16(shape_numel(p->shape));
+      su.full_elems += align16(shape_numel(p->local_shape));
       su.params.push_back(sp);
     }
   }

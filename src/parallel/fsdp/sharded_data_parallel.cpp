@@ -98,9 +98,9 @@ void ShardedDataParallel::ensure_params(size_t f) {
   const ShardUnit& su = plan_.units[f];
   if (shards_params()) {
     s.full_values = dev_.empty({su.full_elems}, DType::kF32, MemCategory::kCommunication);
-    for (const ShardedParam& sp : su.params) sp.param->value = s.full_values.view(sp.param->shape, sp.full_offset);
+    for (const ShardedParam& sp : su.params) sp.param->value = s.full_values.view(sp.param->local_shape, sp.full_offset);
     copy_out_gathered(dev_, su, plan_.group, s.gather_recv, [&](const ShardedParam& sp) {
-      return s.full_values.view({shape_numel(sp.param->shape)}, sp.full_offset);
+      return s.full_values.view({shape_numel(sp.param->local_shape)}, sp.full_offset);
     });
   } else {  // this rank's own rows are already current
     copy_out_gathered(
@@ -130,7 +130,7 @@ void ShardedDataParallel::start_reduce(size_t f) {
   copy_in_for_scatter(
       dev_, su, plan_.group,
       [&](const ShardedParam& sp) {
-        return shards_grads() ? s.full_grads.view({shape_numel(sp.param->shape)}, sp.full_offset)
+        return shards_grads() ? s.full_grads.view({shape_numel(sp.param->local_shape)}, sp.full_offset)
                               : sp.param->grad.reshape({sp.param->grad.numel()});
       },
       r.in);
@@ -190,7 +190,7 @@ void ShardedDataParallel::pre_backward(size_t u) {
   const ShardUnit& su = plan_.units[f];
   if (shards_grads() && u == su.members.back()) {  // the unit's first backward: unsharded gradients
     s.full_grads = dev_.zeros({su.full_elems}, DType::kF32, MemCategory::kCommunication);
-    for (const ShardedParam& sp : su.params) sp.param->grad = s.full_grads.view(sp.param->shape, sp.full_offset);
+    for (const ShardedParam& sp : su.params) sp.param->grad = s.full_grads.view(sp.param->local_shape, sp.full_offset);
   }
   if (shards_params() && u > 0 && size_t(plan_.unit_of[u - 1]) != f) start_gather(size_t(plan_.unit_of[u - 1]));
   poll();
