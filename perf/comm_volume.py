@@ -36,11 +36,19 @@ import subprocess
 import sys
 from fractions import Fraction
 
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: the resolved deck's flat `key = scalar` lines suffice
+    tomllib = None
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLOAT_BYTES = 4
 ALIGN = 16
 
-# name -> (dp_replicate, dp_shard, zero_stage, micro-batches, reshard); "N" = the rank count.
+# name -> (dp_replicate, dp_shard, zero_stage, micro-batches, reshard[, tensor-parallel options]);
+# "N" = the rank count. TP options: tp (degree), sp (enable_sequence_parallel, default true),
+# loss_parallel (not disable_loss_parallel, default true), ac (activation_checkpoint mode, default
+# none), ac_option (selective_ac_option). The data-parallel degrees of a TP layout multiply to N / tp.
 LAYOUTS = {
     "ddp": ("N", 1, None, 1, None),
     "ddp-ga2": ("N", 1, None, 2, None),
@@ -53,6 +61,16 @@ LAYOUTS = {
     "fsdp-never": (1, "N", 3, 1, "never"),
     "hsdp": (2, "N/2", 3, 1, None),
     "hsdp-ga2": (2, "N/2", 3, 2, None),
+    "tp": (1, "N/2", 3, 1, None, {"tp": 2}),
+    "tp-only": (1, 1, None, 1, None, {"tp": "N"}),
+    "tp-nosp": (1, "N/2", 3, 1, None, {"tp": 2, "sp": False}),
+    "tp-noloss": (1, "N/2", 3, 1, None, {"tp": 2, "loss_parallel": False}),
+    "tp-ga2": (1, "N/2", 3, 2, None, {"tp": 2}),
+    "tp-zero2": (1, "N/2", 2, 2, None, {"tp": 2}),
+    "tp-hsdp": (2, "N/4", 3, 1, None, {"tp": 2}),
+    "tp-ddp": ("N/2", 1, None, 1, None, {"tp": 2}),
+    "tp-ac": (1, "N/2", 3, 1, None, {"tp": 2, "ac": "full"}),
+    "tp-nosp-sac": (1, "N/2", 3, 1, None, {"tp": 2, "sp": False, "ac": "selective", "ac_option": 2}),
 }
 
 
@@ -145,31 +163,39 @@ def align16(x):
     return (x + ALIGN - 1) // ALIGN * ALIGN
 
 
-def model_units(m):
-    """FSDP units in order, each (name, [(param, shape)], holds_output_head)."""
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def model_units(m, T=1):
+    """FSDP units in order, each (name, [(param, shape)], holds_output_head), with the shapes tp
+    rank 0 holds under tensor parallelism of degree T: vocabulary rows, wq / wk / wv / w1 / w3 rows
+    (column-parallel) split along dim 0, wo / w2 columns (row-parallel) along dim 1, in chunks of
+    ceil(extent / T); norms (q_norm and k_norm included) whole."""
     D, L, Hq, Hkv, V = m["dim"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["vocab_size"]
     Dh = m.get("head_dim") or D // Hq
     H = m["ffn_dim"]
     tied = bool(m.get("tie_word_embeddings"))
+    Vt, Ht, Qt, KVt = (ceil_div(x, T) for x in (V, H, Hq * Dh, Hkv * Dh))
     units = []
-    emb = [("tok_embeddings.weight", (V, D))]
+    emb = [("tok_embeddings.weight", (Vt, D))]
     if not tied:
         units.append(("tok_embeddings", emb, False))
     for i in range(L):
         p = f"layers.{i}."
-        ps = [(p + "attention_norm.weight", (D,)), (p + "attention.wq.weight", (Hq * Dh, D)),
-              (p + "attention.wk.weight", (Hkv * Dh, D)), (p + "attention.wv.weight", (Hkv * Dh, D)),
-              (p + "attention.wo.weight", (D, Hq * Dh))]
+        ps = [(p + "attention_norm.weight", (D,)), (p + "attention.wq.weight", (Qt, D)),
+              (p + "attention.wk.weight", (KVt, D)), (p + "attention.wv.weight", (KVt, D)),
+              (p + "attention.wo.weight", (D, Qt))]
         if m.get("qk_norm"):
             ps += [(p + "attention.q_norm.weight", (Dh,)), (p + "attention.k_norm.weight", (Dh,))]
-        ps += [(p + "ffn_norm.weight", (D,)), (p + "feed_forward.w1.weight", (H, D)),
-               (p + "feed_forward.w2.weight", (D, H)), (p + "feed_forward.w3.weight", (H, D))]
+        ps += [(p + "ffn_norm.weight", (D,)), (p + "feed_forward.w1.weight", (Ht, D)),
+               (p + "feed_forward.w2.weight", (D, Ht)), (p + "feed_forward.w3.weight", (Ht, D))]
         units.append((f"layers.{i}", ps, False))
     head = [("norm.weight", (D,))]
     if tied:
         units.insert(0, ("tok_embeddings+output", emb + head, True))
     else:
-        units.append(("output", head + [("output.weight", (V, D))], True))
+        units.append(("output", head + [("output.weight", (Vt, D))], True))
     return units
 
 
@@ -224,10 +250,94 @@ def expected_bytes(units, R, N, M, zero, reshard):
     return exp
 
 
+def partial_grad_elems(units, N, sp):
+    """E: elements of the partial-gradient replicated parameters (norms under sequence
+    parallelism; q_norm / k_norm always) that rank 0 holds: the whole parameter when N = 1, else
+    its rows of the dim-0 shard, min(ceil(rows / N), rows) rows."""
+    E = 0
+    for u in units:
+        for name, shape in u[1]:
+            norm = name == "norm.weight" or name.endswith((".attention_norm.weight", ".ffn_norm.weight"))
+            qk = name.endswith((".attention.q_norm.weight", ".attention.k_norm.weight"))
+            if qk or (sp and norm):
+                E += (shape[0] if N == 1 else min(ceil_div(shape[0], N), shape[0])) * numel(shape[1:])
+    return E
+
+
+def checkpointed_blocks(L, ac, ac_option):
+    """Blocks whose forward is recomputed in backward: all (full), index % k == 0 (selective k)."""
+    if ac == "full":
+        return L
+    if ac == "selective":
+        return sum(1 for i in range(L) if i % int(ac_option) == 0)
+    return 0
+
+
+def expected_tp_bytes(m, units, T, N, M, b, s, sp, loss_parallel, recomputed):
+    """{("tp", collective): bytes per step per rank} for tp degree T > 1 (see the docstring)."""
+    if T == 1:
+        return {}
+    D, L, V = m["dim"], m["n_layers"], m["vocab_size"]
+    n_tok = b * s
+    act = FLOAT_BYTES * n_tok * D                  # one [N_tok, h] activation
+    ag_rs = lambda size: size * (T - 1) // T       # all_gather / reduce_scatter, per call
+    ar = lambda size: 2 * size * (T - 1) // T      # all_reduce, per call
+    calls = 4 * L + 2 + 2 * recomputed             # per micro-batch: blocks, embedding + head, recompute
+    loss = FLOAT_BYTES * T * n_tok * (3 if loss_parallel else ceil_div(V, T))
+    exp = {("tp", "all_gather"): M * ag_rs(loss)}
+    if sp:
+        exp[("tp", "all_gather")] += M * calls * ag_rs(act)
+        exp[("tp", "reduce_scatter")] = M * calls * ag_rs(act)
+    else:
+        exp[("tp", "all_reduce")] = M * calls * ar(act)
+    E = partial_grad_elems(units, N, sp)
+    if E:
+        exp[("tp", "all_reduce")] = exp.get(("tp", "all_reduce"), 0) + ar(FLOAT_BYTES * E)
+    return {k: Fraction(v) for k, v in exp.items() if v}
+
+
+def read_deck(path):
+    """{section: {key: value}} of a deck (tomllib, or its flat scalar lines without it)."""
+    if tomllib:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    cfg, sec = {}, None
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            sec = cfg.setdefault(line[1:-1], {})
+        elif "=" in line and not line.startswith("#") and sec is not None:
+            k, v = (x.strip() for x in line.split("=", 1))
+            if v.startswith('"'):
+                v = v[1:v.index('"', 1)]
+            else:
+                v = v.split("#", 1)[0].strip()
+                v = {"true": True, "false": False}.get(v, v)
+                if isinstance(v, str):
+                    v = float(v) if any(c in v for c in ".eE") else int(v)
+            sec[k] = v
+    return cfg
+
+
 def resolve(layout, n):
-    R, S, zero, M, reshard = LAYOUTS[layout]
-    val = {"N": n, "N/2": n // 2, 1: 1, 2: 2}
-    return val[R], val[S], zero, M, reshard
+    """(R, S, zero, M, reshard, tp options with the degree resolved) of a layout at n ranks."""
+    R, S, zero, M, reshard, *rest = LAYOUTS[layout]
+    val = {"N": n, "N/2": n // 2, "N/4": n // 4, 1: 1, 2: 2}
+    tp = dict(rest[0]) if rest else {}
+    if tp:
+        tp["tp"] = val[tp["tp"]]
+    return val[R], val[S], zero, M, reshard, tp
+
+
+def head_overrides(m, T):
+    """--model overrides that make n_heads and n_kv_heads divisible by T (none when they are)."""
+    heads, kv, over = m["n_heads"], m["n_kv_heads"], []
+    if heads % T:
+        heads = T
+        over.append(f"--model.n_heads={T}")
+    if kv % T or heads % kv:
+        over.append(f"--model.n_kv_heads={T}")
+    return over
 
 
 def fmt(v):
@@ -262,44 +372,75 @@ def main():
     decks = [(name,) + known[name] for name in args.decks]
     rows, runs, failed = [], [], False
     for deck_name, deck, lbs, deck_over in decks:
+        base_model = None
         for n in args.ranks:
             for layout in args.layouts:
-                R, S, zero, M, reshard = resolve(layout, n)
-                if R * S != n or (layout.startswith("hsdp") and S < 2):
+                R, S, zero, M, reshard, tp = resolve(layout, n)
+                T = tp.get("tp", 1)
+                if R * S * T != n or ("hsdp" in layout and S < 2):
                     continue
                 over = deck_over + [f"--training.local_batch_size={lbs}",
                                     f"--parallelism.data_parallel_replicate_degree={R}",
                                     f"--parallelism.data_parallel_shard_degree={S}",
                                     f"--training.steps={args.steps}"]
-                over.append(f"--training.global_batch_size={M * lbs * n}")
+                over.append(f"--training.global_batch_size={M * lbs * R * S}")
                 if zero is not None:
                     over.append(f"--parallelism.zero_stage={zero}")
                 if reshard is not None:
                     over.append(f"--parallelism.fsdp_reshard_after_forward={reshard}")
+                if tp:
+                    if base_model is None:
+                        base_model = model_shape(args.binary, deck)
+                    over += head_overrides(base_model, T) + [f"--parallelism.tensor_parallel_degree={T}"]
+                    if not tp.get("sp", True):
+                        over.append("--parallelism.enable_sequence_parallel=false")
+                    if not tp.get("loss_parallel", True):
+                        over.append("--parallelism.disable_loss_parallel=true")
+                    if "ac" in tp:
+                        over.append(f"--activation_checkpoint.mode={tp['ac']}")
+                    if "ac_option" in tp:
+                        over.append(f"--activation_checkpoint.selective_ac_option={tp['ac_option']}")
                 tag = f"{deck_name}-{layout}-np{n}"
                 print(f"running {tag}: {' '.join(over)}", flush=True)
                 recs, _, err = train(args.binary, deck, data, os.path.join(args.out, tag), n, over,
                                      timeout=args.timeout)
                 run = {"deck": deck_name, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S,
-                       "zero_stage": zero, "micro_batches": M, "reshard": reshard, "overrides": over}
+                       "tp": T, "zero_stage": zero, "micro_batches": M, "reshard": reshard, "overrides": over}
                 if err:
                     print(f"  FAILED: {err}", flush=True)
                     run["error"] = err
                     runs.append(run)
                     failed = True
                     continue
-                # The model really run (overrides included), from the run's resolved deck.
-                units_run = model_units(model_shape(args.binary, os.path.join(args.out, tag, "deck.resolved.toml")))
+                # The model and settings really run (overrides included), from the run's resolved deck.
+                resolved = os.path.join(args.out, tag, "deck.resolved.toml")
+                m_run = model_shape(args.binary, resolved)
+                cfg = read_deck(resolved)
+                par, ac = cfg["parallelism"], cfg["activation_checkpoint"]
+                T_run = par["tensor_parallel_degree"]
+                sp, loss_parallel = bool(par["enable_sequence_parallel"]), not par["disable_loss_parallel"]
+                b, seq = cfg["training"]["local_batch_size"], cfg["training"]["seq_len"]
+                recomputed = checkpointed_blocks(m_run["n_layers"], ac["mode"], ac["selective_ac_option"])
+                units_run = model_units(m_run, T_run)
                 last = recs[-1]
                 counted = {}
                 for g, colls in (last.get("comm_bytes") or {}).items():
-                    for c, b in colls.items():
-                        counted[(g, c)] = b
+                    for c, bytes_ in colls.items():
+                        counted[(g, c)] = bytes_
                 expected = expected_bytes(units_run, R, S, M, zero if S > 1 else None, reshard)
+                expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M, b, seq, sp, loss_parallel,
+                                                  recomputed))
                 run.update({"step": last.get("step"), "comm_bytes": last.get("comm_bytes"),
                             "comm_wait_s": last.get("comm_wait_s"), "step_time_s": last.get("step_time_s"),
                             "unit_shard_elems": [unit_shard(u, S) for u in units_run] if S > 1 else None,
                             "flat_grad_elems": flat_grad_elems(units_run)})
+                if T_run > 1:
+                    run.update({"sequence_parallel": sp, "loss_parallel": loss_parallel,
+                                "activation_checkpoint": ac["mode"], "recomputed_blocks": recomputed,
+                                "partial_grad_elems": partial_grad_elems(units_run, S, sp)})
+                if T_run != T:
+                    run["error"] = f"the resolved deck has tensor_parallel_degree {T_run}, not {T}"
+                    failed = True
                 if "comm_bytes" not in last:
                     run["error"] = "no comm_bytes in the last training record"
                     failed = True
