@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""perf/comm_volume: checks the bytes that rank 0's gradient and parameter collectives send per
-training step (the "comm_bytes" field of metrics.jsonl) against the ring-algorithm volumes
+"""perf/comm_volume: checks the bytes that rank 0's gradient, parameter and activation collectives
+send per training step (the "comm_bytes" field of metrics.jsonl) against the ring-algorithm volumes
 computed here, independently, from the model's shape: DDP, ZeRO-1, ZeRO-2, FSDP (ZeRO-3, also
-with gradient accumulation and with fsdp_reshard_after_forward=never) and HSDP (2 x N/2) at 4 and
-8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1 on
-any mismatch (or failed run).
+with gradient accumulation and with fsdp_reshard_after_forward=never), HSDP (2 x N/2) and tensor
+parallelism (TP 2 under FSDP, ZeRO-2, HSDP and DDP; TP alone; without sequence parallelism;
+without loss parallelism; with activation checkpointing; with uneven vocabulary / FFN splits) at 4
+and 8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1
+on any mismatch (or failed run).
 
 Formulas (4-byte floats; units = embedding, each block, norm + output head; align16(x) = x rounded
 up to 16 elements; S_u = sum over the unit's parameters p of align16(ceil(rows_p / N) * row_elems_p)
@@ -22,9 +24,30 @@ Resharded units: every unit but the one holding the output head (reshard default
 (never). The last step's record is compared (steady state: ZeRO-1/2's parameter all-gathers of
 step s complete during step s+1).
 
-usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp ...] [--steps 3]
-           [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--data H5] [--out DIR] [--json PATH]
-           [--binary build/bin/meshtrain] [--np-max N]
+Tensor parallelism of degree T (dp_replicate x dp_shard = ranks / T): the terms above apply
+unchanged to tp rank 0's local shapes (ceil(rows / T) rows of tok_embeddings, output, wq, wk, wv,
+w1, w3; ceil(cols / T) columns of wo, w2; norms, q_norm, k_norm whole), plus on group tp, with
+A = 4*b*s*h (one [b*s, h] activation; b = local batch, s = seq_len, h = dim), L blocks, V the
+vocabulary, C = blocks recomputed in backward (activation checkpointing none: 0, full: L,
+selective k: blocks with index % k == 0), K = 4L + 2 + 2C calls per micro-batch (per block 2 in
+forward, 2 in backward; embedding and output head 1 each; 2 per recomputed block), and per call
+ag(x) = floor(x*(T-1)/T) (all_gather of output x, reduce_scatter of input x),
+ar(x) = floor(2*x*(T-1)/T) (all_reduce of x):
+  SP      tp all_gather         M * (K * ag(A) + ag(Z))                (sequence parallelism, default)
+          tp reduce_scatter     M * K * ag(A)
+  no SP   tp all_reduce         M * K * ar(A)                          (enable_sequence_parallel=false)
+          tp all_gather         M * ag(Z)
+  both    tp all_reduce       + ar(4*E)                                (once per step, if E > 0)
+Z = the loss's gathered [T, b*s, 3] floats, 4*T*b*s*3 (vocab-parallel cross-entropy), or the
+gathered logits [T, b*s, ceil(V/T)], 4*T*b*s*ceil(V/T) (disable_loss_parallel=true). E = the
+elements rank 0 holds of the partial-gradient replicated parameters, all-reduced over tp after
+the data-parallel reduction: every attention_norm, ffn_norm and norm weight with SP, every q_norm
+and k_norm (Qwen3) always; the whole parameter when dp_shard = 1, else its dim-0 shard
+min(ceil(rows / dp_shard), rows) rows (not padded). Validation is off (not counted in a step).
+
+usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--steps 3]
+           [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--local-batch 2]
+           [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain] [--timeout S]
 """
 import argparse
 import datetime
@@ -48,7 +71,10 @@ ALIGN = 16
 # name -> (dp_replicate, dp_shard, zero_stage, micro-batches, reshard[, tensor-parallel options]);
 # "N" = the rank count. TP options: tp (degree), sp (enable_sequence_parallel, default true),
 # loss_parallel (not disable_loss_parallel, default true), ac (activation_checkpoint mode, default
-# none), ac_option (selective_ac_option). The data-parallel degrees of a TP layout multiply to N / tp.
+# none), ac_option (selective_ac_option), model ({key: value} --model overrides; tp-uneven: vocabulary
+# and FFN hidden units that tp does not divide, tp rank 0 holding the larger chunk). The
+# data-parallel degrees of a TP layout multiply to N / tp; tp-only (tp = N) raises n_heads /
+# n_kv_heads to tp where tp does not divide them (head_overrides).
 LAYOUTS = {
     "ddp": ("N", 1, None, 1, None),
     "ddp-ga2": ("N", 1, None, 2, None),
@@ -71,6 +97,8 @@ LAYOUTS = {
     "tp-ddp": ("N/2", 1, None, 1, None, {"tp": 2}),
     "tp-ac": (1, "N/2", 3, 1, None, {"tp": 2, "ac": "full"}),
     "tp-nosp-sac": (1, "N/2", 3, 1, None, {"tp": 2, "sp": False, "ac": "selective", "ac_option": 2}),
+    "tp-uneven": (1, "N/2", 3, 1, None, {"tp": 2, "loss_parallel": False,
+                                         "model": {"vocab_size": 515, "ffn_hidden_dim": 250}}),
 }
 
 
@@ -392,6 +420,7 @@ def main():
                     if base_model is None:
                         base_model = model_shape(args.binary, deck)
                     over += head_overrides(base_model, T) + [f"--parallelism.tensor_parallel_degree={T}"]
+                    over += [f"--model.{k}={v}" for k, v in tp.get("model", {}).items()]
                     if not tp.get("sp", True):
                         over.append("--parallelism.enable_sequence_parallel=false")
                     if not tp.get("loss_parallel", True):

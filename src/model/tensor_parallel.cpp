@@ -28,7 +28,7 @@ Tensor tp_exit(Device& dev, const TensorParallel& tp, const Tensor& partial) {
     tp.comm->all_reduce(partial, ReduceOp::kSum)->wait();
     return partial;
   }
-  Tensor shard = dev.empty({partial.dim(0) / tp.size, partial.dim(1)}, DType::kF32, MemCategory::kActivations);
+  Tensor shard = dev.empty({tp_local_tokens(tp, partial.dim(0)), partial.dim(1)}, DType::kF32, MemCategory::kActivations);
   tp.comm->reduce_scatter(partial, shard, ReduceOp::kSum)->wait();
   return shard;
 }
