@@ -1,7 +1,10 @@
 #include "layout/comm_volume.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
+
+#include "config/toml_value.hpp"
 
 namespace meshtrain {
 
@@ -31,7 +34,15 @@ std::array<double, kNumMeshDims> comm_bytes_per_step(const JobConfig& cfg, const
   const double act = b * s * h * bp;  // one activation tensor of a micro-batch
   v[size_t(MeshDim::kFSDP)] = fsdp > 1 ? a * (2 * bp + br) * p_stage * ring(fsdp) : 0;
   v[size_t(MeshDim::kDpReplicate)] = 2 * br * p_stage / double(fsdp) * ring(d.dp_replicate);
-  v[size_t(MeshDim::kTP)] = a * 4 * layers * 2 * ring(d.tp) * act;
+  // Reductions (or all-gather + reduce-scatter pairs) per micro-batch: 4 per block, 1 each for
+  // the embedding and the output head (one of them on a boundary pipeline stage), 2 more per
+  // block whose forward activation checkpointing recomputes in backward.
+  const std::string& ac = cfg.activation_checkpoint.mode;
+  const auto every = toml::parse_int(cfg.activation_checkpoint.selective_ac_option);
+  const double recomputed = ac == "full"                           ? layers
+                            : ac == "selective" && every && *every > 0 ? std::ceil(layers / double(*every))
+                                                                   : 0.0;
+  v[size_t(MeshDim::kTP)] = a * (4 * layers + (d.pp == 1 ? 2 : 1) + 2 * recomputed) * 2 * ring(d.tp) * act;
   v[size_t(MeshDim::kPP)] = d.pp > 1 ? a * 2 * act : 0;
   v[size_t(MeshDim::kCP)] = d.cp > 1 ? a * 3 * layers * double(d.cp - 1) * 2 * b * s * double(m.n_kv_heads * m.head_dim) * bp : 0;
   // dp_shard and cp traffic is the fsdp group's; loss and dp carry only scalars.

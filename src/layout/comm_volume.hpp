@@ -20,8 +20,11 @@ namespace meshtrain {
 /// - dp_replicate (R ranks): one all-reduce per step of the gradients this rank holds,
 ///   2·B_r·P/(tp·pp·fsdp)·(R−1)/R (DDP when fsdp = 1, HSDP otherwise).
 /// - tp (T ranks): 2 reductions of b·(s/cp)·h activations in forward and 2 in backward per layer
-///   (or their all-gather / reduce-scatter halves under sequence parallelism, the same bytes):
-///   a·4·(L/pp)·2·(T−1)/T·b·(s/cp)·h·B_p.
+///   (or their all-gather / reduce-scatter halves under sequence parallelism, the same bytes),
+///   one each for the embedding and the output head (pp = 1; one on a boundary stage otherwise),
+///   2 more per block recomputed by activation checkpointing (C blocks):
+///   a·(4·L/pp + 2 + 2·C)·2·(T−1)/T·b·(s/cp)·h·B_p (the loss's 3 floats per token are omitted;
+///   perf/comm_volume.py has the exact counts).
 /// - pp: each micro-batch's activations sent forward and their gradients backward,
 ///   a·2·b·(s/cp)·h·B_p (an interior stage; the first and last send half).
 /// - cp (C ranks, ring attention): K and V blocks travel the ring in forward (C−1 hops) and K, V

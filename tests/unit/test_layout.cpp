@@ -187,8 +187,13 @@ BOOST_AUTO_TEST_CASE(communication_volume_formulas) {
   cfg.training.global_batch_size = 64;
   v = comm_bytes_per_step(cfg, dims(1, 1, 4, 1, 1));
   BOOST_TEST(v[size_t(MeshDim::kFSDP)] == 2 * (2 * 2 + 4) * p * 3 / 4);
-  // TP 2: 4 reductions per layer of b·s·h bf16 activations, all-reduce volume 2·(T−1)/T.
+  // TP 2: 4 reductions per layer of b·s·h bf16 activations plus one each for the embedding and
+  // the output head, all-reduce volume 2·(T−1)/T.
   cfg.training.global_batch_size = -1;
   v = comm_bytes_per_step(cfg, dims(1, 1, 1, 1, 2));
-  BOOST_TEST(v[size_t(MeshDim::kTP)] == 4.0 * 6 * 2 * 0.5 * 8 * 128 * 256 * 2);
+  BOOST_TEST(v[size_t(MeshDim::kTP)] == (4.0 * 6 + 2) * 2 * 0.5 * 8 * 128 * 256 * 2);
+  // Full activation checkpointing recomputes every block's forward: 2 more per layer.
+  cfg.activation_checkpoint.mode = "full";
+  v = comm_bytes_per_step(cfg, dims(1, 1, 1, 1, 2));
+  BOOST_TEST(v[size_t(MeshDim::kTP)] == (6.0 * 6 + 2) * 2 * 0.5 * 8 * 128 * 256 * 2);
 }
