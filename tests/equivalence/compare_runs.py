@@ -39,9 +39,10 @@ def run(args, np_, tag, layout_args):
     recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     losses = [r["loss"] for r in recs if "loss" in r]
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
+    norms = [r["grad_norm"] for r in recs if "grad_norm" in r]
     with h5py.File(os.path.join(out, "model_final.h5"), "r") as f:
         params = {k: f["params"][k][()] for k in f["params"]}
-    return losses, vals, params
+    return losses, vals, params, norms
 
 
 def rel(a, b):
@@ -100,6 +101,8 @@ def main():
             sys.exit(f"FAIL: {tag} logged {len(cur[0])} steps / {len(cur[1])} validations, "
                      f"reference {len(ref[0])} / {len(ref[1])}")
         e_loss = max(abs(a - b) / abs(a) for a, b in zip(ref[0], cur[0]))
+        # The global gradient norm (which drives clipping) must count every parameter once.
+        e_norm = max(abs(a - b) / abs(a) for a, b in zip(ref[3], cur[3]))
         e_val = max((abs(a - b) / abs(a) for a, b in zip(ref[1], cur[1])), default=0.0)
         missing = sorted(set(ref[2]) ^ set(cur[2]))
         if missing:
@@ -107,9 +110,10 @@ def main():
         e_par = max(rel(ref[2][k], cur[2][k]) for k in ref[2])
         e_l2 = max(rel_l2(ref[2][k], cur[2][k]) for k in ref[2])
         par_ok = e_par <= args.tol if args.param_metric == "max" else (e_l2 <= args.tol and e_par <= 100 * args.tol)
-        ok = e_loss <= args.tol and e_val <= args.tol and par_ok
+        ok = e_loss <= args.tol and e_val <= args.tol and e_norm <= args.tol and par_ok
         failed |= not ok
-        print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, final params rel err "
+        print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, grad_norm rel err "
+              f"{e_norm:.2e}, final params rel err "
               f"{e_par:.2e} (largest element), {e_l2:.2e} (2-norm) -> {'ok' if ok else 'FAIL'}")
     if args.repeat:
         if args.repeat not in args.np:
