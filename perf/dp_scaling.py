@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """perf/dp_scaling: weak scaling of the data-parallel layouts: tokens/s per rank of the debug
-model (inputs/llama3_debug.toml) and of a wider model (dim 512, 8 heads) under DDP, FSDP (ZeRO-3)
-and HSDP (2 x N/2) at 1, 2, 4 and 8 ranks (the local batch fixed, the global batch = local x
-ranks), with the mean tokens/s per rank over the steps after the first, the ratio to one rank,
+model (inputs/llama3_debug.toml) and of a wider model (dim 512, 8 heads) under DDP, FSDP (ZeRO-3),
+HSDP (2 x N/2) and TP 2 x FSDP N/2 at 1, 2, 4 and 8 ranks (the local batch fixed, the global
+batch = local x dp, dp = ranks / tp), with the mean tokens/s per rank over the steps after the first, the ratio to one rank,
 and the fraction of step time rank 0 spends blocked on gradient / parameter collectives
-(mean comm_wait_s / mean step_time_s). One OpenMP/BLAS thread per rank. A benchmark, not a test:
+(mean comm_wait_s / mean step_time_s; tensor-parallel collectives are inside the layers and not
+part of it). One OpenMP/BLAS thread per rank. A benchmark, not a test:
 nothing here asserts on time. On a machine with fewer cores than ranks the ranks are
 oversubscribed, so per-rank throughput drops with the rank count for that reason alone.
 
 usage: /usr/bin/python3 perf/dp_scaling.py [--quick] [--ranks 1 2 4 8] [--models debug wide]
-           [--layouts ddp fsdp hsdp] [--steps S] [--local-batch B] [--seq-len T] [--threads N]
+           [--layouts ddp fsdp hsdp tp2] [--steps S] [--local-batch B] [--seq-len T] [--threads N]
            [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain]
   --quick: 4 steps, local batch 2, seq_len 64 (a few minutes on 2 cores)
 """
@@ -26,7 +27,7 @@ MODELS = {
     "debug": [],
     "wide": ["--model.dim=512", "--model.n_heads=8", "--model.n_kv_heads=8"],
 }
-LAYOUTS = ("ddp", "fsdp", "hsdp")
+LAYOUTS = ("ddp", "fsdp", "hsdp", "tp2")
 
 
 def degrees(layout, n):
@@ -39,6 +40,8 @@ def degrees(layout, n):
         return 1, n, ["--parallelism.zero_stage=3"]
     if layout == "hsdp":
         return (2, n // 2, ["--parallelism.zero_stage=3"]) if n % 2 == 0 and n >= 4 else None
+    if layout == "tp2":  # TP 2 inside, FSDP over the other ranks (DDP-free: dp_shard = n / 2)
+        return (1, n // 2, ["--parallelism.tensor_parallel_degree=2"]) if n % 2 == 0 else None
     return None
 
 
@@ -79,7 +82,7 @@ def main():
                 R, S, extra = d
                 over = MODELS[model] + extra + [
                     f"--parallelism.data_parallel_replicate_degree={R}", f"--parallelism.data_parallel_shard_degree={S}",
-                    f"--training.local_batch_size={lbs}", f"--training.global_batch_size={lbs * n}",
+                    f"--training.local_batch_size={lbs}", f"--training.global_batch_size={lbs * R * S}",
                     f"--training.seq_len={seq}", f"--training.steps={steps}"]
                 tag = f"{model}-{layout}-np{n}"
                 out = os.path.join(args.out, tag)
