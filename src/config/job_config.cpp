@@ -179,7 +179,6 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
              str(parallelism.zero_stage) + " (parameters stay replicated)");
   if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
-  if (checkpoint.enable) fail(*this, "checkpoint.enable", "checkpointing is not implemented yet (enable must be false)");
   if (training.mixed_precision_param != "float32")
     fail(*this, "training.mixed_precision_param",
          "'" + training.mixed_precision_param + "' parameters are not implemented yet (the CPU backend computes in float32)");

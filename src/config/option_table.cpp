@@ -267,8 +267,8 @@ std::vector<Option> build_option_table() {
   }
   {
     Section<CheckpointSection> s{o, "checkpoint", &JobConfig::checkpoint};
-    s.boolean("enable", &CheckpointSection::enable, "save sharded HDF5 checkpoints (not implemented yet)");
-    s.str("folder", &CheckpointSection::folder, "checkpoint folder inside dump_folder", {}, "path");
+    s.boolean("enable", &CheckpointSection::enable, "save sharded HDF5 checkpoints every `interval` steps and at the last step; resume from `latest` at start");
+    s.str("folder", &CheckpointSection::folder, "checkpoint folder inside dump_folder (an absolute path is used as is)", {}, "path");
     s.integer("interval", &CheckpointSection::interval, "steps between checkpoints", 1);
     s.integer("keep_latest_k", &CheckpointSection::keep_latest_k, "checkpoints kept (0 = all)", 0);
     s.integer("load_step", &CheckpointSection::load_step, "step to resume from (-1 = the latest)", -1);

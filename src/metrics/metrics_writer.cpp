@@ -6,9 +6,9 @@
 
 namespace meshtrain {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool enabled) {
+MetricsWriter::MetricsWriter(const std::string& path, bool enabled, bool append) {
   if (!enabled) return;
-  f_ = std::fopen(path.c_str(), "w");
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (!f_) throw std::runtime_error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
 }
 

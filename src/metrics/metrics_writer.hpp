@@ -9,9 +9,10 @@ namespace meshtrain {
 
 class MetricsWriter {
  public:
-  /// Opens `path` for appending when `enabled` (rank 0); otherwise every call is a no-op.
+  /// Opens `path` when `enabled` (rank 0; otherwise every call is a no-op): truncated for a new
+  /// run, appended to when `append` (a run resumed from a checkpoint keeps its history).
   /// @throws std::runtime_error naming the file when it cannot be opened.
-  MetricsWriter(const std::string& path, bool enabled);
+  MetricsWriter(const std::string& path, bool enabled, bool append = false);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

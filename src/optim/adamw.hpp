@@ -19,6 +19,8 @@ class AdamW {
   /// One update with learning rate `lr` (already scheduled); increments the step count t.
   void step(float lr);
   int64_t step_count() const { return t_; }
+  /// Restores the step count t of a checkpoint (bias corrections continue from it).
+  void set_step_count(int64_t t) { t_ = t; }
   /// State buffers [Σ align16(shard elements)]; the state of shard i starts at offset(i).
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }

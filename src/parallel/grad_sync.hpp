@@ -18,6 +18,7 @@ struct LocalShard {
   Parameter* param = nullptr;
   Tensor value;
   Tensor grad;
+  int64_t first_elem = 0;  ///< where `value` starts in the parameter's tp-local tensor (whole rows)
 };
 
 /// Every parameter of a model holding replicated parameters and gradients, whole, in model

@@ -7,7 +7,9 @@
 #include <fstream>
 #include <vector>
 
+#include "checkpoint/checkpoint_folder.hpp"
 #include "checkpoint/model_dump.hpp"
+#include "checkpoint/sharded_checkpoint.hpp"
 #include "comm/mesh_communicators.hpp"
 #include "config/deck_parser.hpp"
 #include "data/loader.hpp"
@@ -44,6 +46,12 @@ std::string human_bytes(double b) {
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   return fmt("%.1f ", b) + units[u];
+}
+
+/// "pp 1 × dp_replicate 2 × dp_shard 4 × cp 1 × tp 2": the layout a checkpoint records.
+std::string layout_summary(const ParallelDims& d) {
+  return "pp " + std::to_string(d.pp) + " × dp_replicate " + std::to_string(d.dp_replicate) + " × dp_shard " +
+         std::to_string(d.dp_shard) + " × cp " + std::to_string(d.cp) + " × tp " + std::to_string(d.tp);
 }
 
 /// Mean validation loss over the first `max_steps` global batches of the validation split (all of
@@ -150,11 +158,46 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   LrSchedule schedule(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
 
   const std::filesystem::path out_dir = cfg.dump_folder();
+  // Resume: the checkpoint `latest` names (or load_step's) is read into this layout's shards,
+  // whatever layout wrote it (every rank reads the hyperslabs it now owns).
+  const std::string ckpt_dir = (out_dir / cfg.checkpoint.folder).string();  // an absolute folder wins
+  TrainState resumed;
+  if (cfg.checkpoint.enable) {
+    if (const auto from = checkpoint_to_load(ckpt_dir, cfg.checkpoint.load_step)) {
+      resumed = load_checkpoint(*from, world.comm(), dev, model, sync->local_shards(), opt);
+      loader.set_cursor(resumed.loader_cursor);
+      log::info("resumed from " + *from + ": step " + std::to_string(resumed.step) + ", " +
+                std::to_string(resumed.tokens_seen) + " tokens seen, loader cursor " +
+                std::to_string(resumed.loader_cursor));
+    }
+  }
   if (rank0) {
     std::filesystem::create_directories(out_dir);
     std::ofstream(out_dir / "deck.resolved.toml") << resolved_deck_toml(cfg);
   }
-  MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0);
+  MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0, /*append=*/resumed.step > 0);
+  int64_t tokens_seen = resumed.tokens_seen;
+  Communicator& dp_replicate = comms.get(MeshDim::kDpReplicate);
+  auto save = [&](int64_t step) {
+    if (rank0) std::filesystem::create_directories(ckpt_dir);
+    world.barrier();
+    const std::string tmp = (std::filesystem::path(ckpt_dir) / checkpoint_file_name(step)).string() + ".tmp";
+    const TrainState st{step, tokens_seen, loader.cursor(), opt.step_count()};
+    CheckpointMeta meta{resolved_deck_toml(cfg), layout_summary(dims), int64_t(world.size())};
+    save_checkpoint(tmp, world.comm(), dev, model, sync->local_shards(), opt, st,
+                    CheckpointRole{dp_replicate.rank() == 0, tp_comm.rank() == 0}, meta);
+    // Rank 0 publishes; every rank learns whether that worked, so all stop together if not.
+    std::string error;
+    if (rank0) try {
+        publish_checkpoint(ckpt_dir, step, cfg.checkpoint.keep_latest_k);
+      } catch (const CheckpointError& e) {
+        error = e.what();
+      }
+    double failed = error.empty() ? 0 : 1;
+    world.all_reduce_host(&failed, 1, ReduceOp::kMax);
+    if (failed) throw CheckpointError(rank0 ? error : ckpt_dir + ": publishing the checkpoint of step " + std::to_string(step) + " failed on rank 0");
+    log::info("checkpoint: step " + std::to_string(step) + " saved to " + ckpt_dir + "/" + checkpoint_file_name(step));
+  };
   const double flops_per_token = args.flops_per_token(seq_len);
   log::info("meshtrain: " + args.name + " " + args.flavor + ", " + std::to_string(args.num_params()) +
             " parameters, " + fmt("%.3g", flops_per_token) + " FLOPs/token; world " + std::to_string(world.size()) +
@@ -189,7 +232,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     for (int d = 0; d < kNumMeshDims; ++d) b[d] = comms.get(MeshDim(d)).bytes_sent();
     return b;
   };
-  for (int64_t step = 1; step <= cfg.training.steps; ++step) {
+  const int64_t first_step = resumed.step + 1;
+  for (int64_t step = first_step; step <= cfg.training.steps; ++step) {
     const auto t0 = Clock::now();
     const auto bytes0 = comm_bytes_now();
     sync->take_comm_wait_seconds();  // waits outside the step (validation) are not the step's
@@ -223,20 +267,21 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
         for (int k = 0; k < int(CollectiveKind::kCount); ++k)
           if (bytes1[d][k] != bytes0[d][k]) step_bytes[mesh_dim_name(MeshDim(d))][collective_name(CollectiveKind(k))] = bytes1[d][k] - bytes0[d][k];
     }
-    if (step > 1) timed_s += dt, timed_tokens += global_batch * seq_len;
-    if (step == 1) {  // start-up is over: collectives now get the (shorter) training deadline
+    tokens_seen += global_batch * seq_len;
+    if (step > first_step) timed_s += dt, timed_tokens += global_batch * seq_len;
+    if (step == first_step) {  // start-up is over: collectives now get the (shorter) training deadline
       world.set_timeout(cfg.comm.train_timeout_seconds);
       comms.set_timeout(cfg.comm.train_timeout_seconds);
     }
     summary.steps = step;
     summary.final_loss = loss;
 
-    if (step == 1 || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
+    if (step == first_step || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
       const Throughput tp = compute_throughput(global_batch * seq_len, dt, world.size(), flops_per_token, peak);
       const MemoryStats mem = dev.allocator()->stats();
       double peak_all = double(mem.total_peak);  // the largest rank's peak
       world.all_reduce_host(&peak_all, 1, ReduceOp::kMax);
-      const double avg = step > 1 ? timed_s / double(step - 1) : dt;
+      const double avg = step > first_step ? timed_s / double(step - first_step) : dt;
       const double eta = avg * double(cfg.training.steps - step);
       metrics.write({{"step", step}, {"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tp.tokens_per_s},
                      {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank}, {"tflops_per_rank", tp.tflops_per_rank},
@@ -258,6 +303,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
                 fmt("%.4f", unigram) + ")");
     }
+    if (cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps)) save(step);
   }
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;

@@ -317,7 +317,6 @@ BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
       {{"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] pipeline_parallel_degree: pipeline parallelism"},
       {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},
       {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
-      {{"--checkpoint.enable=true"}, 1, "[checkpoint] enable: checkpointing"},
       {{"--training.mixed_precision_param=bfloat16"}, 1, "[training] mixed_precision_param: 'bfloat16' parameters"},
       {{"--training.mixed_precision_reduce=bfloat16"}, 1, "[training] mixed_precision_reduce: 'bfloat16' gradient reduction"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},

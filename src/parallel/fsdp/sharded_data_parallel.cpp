@@ -34,6 +34,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Device& dev, Commun
                      ? s.shard_values.view({n}, sp.shard_offset)
                      : sp.param->value.reshape({sp.param->value.numel()}).view({n}, sp.shard.first_row * sp.shard.row_elems);
       ls.grad = s.shard_grads.view({n}, sp.shard_offset);
+      ls.first_elem = sp.shard.first_row * sp.shard.row_elems;
       shards_.push_back(ls);
     }
   }

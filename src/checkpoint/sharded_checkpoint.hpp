@@ -1,0 +1,68 @@
+#pragma once
+/// @file Sharded HDF5 checkpoints (DESIGN.md data flow step 9; doc/checkpoint-format.md): one file
+/// per saved step, written collectively with parallel HDF5 over MPI-IO. Every parameter is a
+/// dataset of its global shape under /model/<name>, its AdamW state under
+/// /optimizer/<name>/{exp_avg, exp_avg_sq}; each rank writes the hyperslab of its own shard —
+/// its tensor-parallel slab, restricted to its FSDP / ZeRO rows — and of replicated pieces exactly
+/// one replica writes. Loading computes the hyperslab of every local shard from the *current*
+/// layout, so exact resume and elastic restart on another layout or world size are the same code.
+#include <hdf5.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer.hpp"
+#include "optim/adamw.hpp"
+#include "parallel/grad_sync.hpp"
+
+namespace meshtrain {
+
+/// Training progress restored with the tensors (the LR schedule is a function of step; the
+/// sample order a function of the seed and the loader's global cursor).
+struct TrainState {
+  int64_t step = 0;            ///< optimizer steps completed
+  int64_t tokens_seen = 0;     ///< global tokens consumed
+  int64_t loader_cursor = 0;   ///< the train loader's global cursor (samples)
+  int64_t optimizer_step = 0;  ///< AdamW's t
+};
+
+/// Which replicated pieces this rank writes: pieces replicated over dp_replicate are written by
+/// its rank 0 (dp_primary); parameters replicated over tp by tp rank 0 (tp_primary).
+struct CheckpointRole {
+  bool dp_primary = true;
+  bool tp_primary = true;
+};
+
+/// Run description stored under /meta.
+struct CheckpointMeta {
+  std::string deck_toml;   ///< the resolved deck
+  std::string layout;      ///< e.g. "pp 1 x dp_replicate 1 x dp_shard 4 x cp 1 x tp 1"
+  int64_t world_size = 1;
+};
+
+/// Writes `path` collectively over `world` (every rank calls it): /meta, /train_state, and the
+/// hyperslab of every local shard of `shards` (parameters from LocalShard::value, AdamW state from
+/// `opt`) that `role` says this rank writes. The file is flushed and closed before returning; the
+/// caller renames it into place. @throws CheckpointError naming the file (on every rank: the
+/// outcome is agreed over `world`).
+void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
+                     const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
+                     const CheckpointRole& role, const CheckpointMeta& meta);
+
+/// Reads `path` into the current layout: every local shard's parameter and AdamW-state
+/// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's
+/// whole tp slab), and AdamW's step count. Collective over `world`. Returns the train state.
+/// @throws CheckpointError naming the file and dataset: not a checkpoint, a missing dataset, a
+/// parameter of another global shape (another model), an unreadable hyperslab.
+TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
+                           const std::vector<LocalShard>& shards, AdamW& opt);
+
+/// The global hyperslab {start, count} (one entry per dim of p.shape) of elements
+/// [first_elem, first_elem + n) of p's tp-local tensor, which must be whole rows of it.
+/// @throws std::invalid_argument when the range is not whole rows.
+void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vector<hsize_t>& start,
+                     std::vector<hsize_t>& count);
+
+}  // namespace meshtrain
