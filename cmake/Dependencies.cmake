@@ -50,6 +50,11 @@ else()
 endif()
 target_link_libraries(meshtrain_hdf5 INTERFACE MPI::MPI_C)
 
+# xxHash (checkpoint shard checksums, XXH3-64).
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+add_library(meshtrain_xxhash INTERFACE)
+target_link_libraries(meshtrain_xxhash INTERFACE PkgConfig::XXHASH)
+
 find_program(MPIEXEC_BIN NAMES mpirun mpiexec REQUIRED)
 # Debian's Python with torch/h5py/numpy; the first python3 on PATH may be another interpreter.
 find_program(MESHTRAIN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)

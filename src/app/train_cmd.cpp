@@ -71,6 +71,12 @@ int cmd_train(int argc, char** argv) {
   } catch (const DataError& e) {
     log::error(e.what());
     MpiRuntime::abort_job(kExitConfig);
+  } catch (const CheckpointError& e) {
+    // Checkpoint reads and writes agree on their outcome over the world, so every rank is here
+    // with the same message: rank 0 prints it once, then all stop with the bad-input status.
+    if (world.rank() == 0) log::error(e.what());
+    world.barrier();
+    MpiRuntime::abort_job(kExitConfig);
   } catch (const CommError& e) {
     log::error(e.what());
     MpiRuntime::abort_job(kExitComm);

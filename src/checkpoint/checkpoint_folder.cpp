@@ -34,11 +34,12 @@ void rename_or_fail(const fs::path& from, const fs::path& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0) fail(to.string(), std::string("cannot rename into place: ") + std::strerror(errno));
 }
 
-// Step numbers of the complete step-NNNNNNNN.h5 files in `folder`, ascending.
-std::vector<int64_t> steps_in(const fs::path& folder) {
+}  // namespace
+
+std::vector<int64_t> checkpoint_steps(const std::string& folder) {
   std::vector<int64_t> steps;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
+  for (const auto& e : fs::directory_iterator(fs::path(folder), ec)) {
     const std::string n = e.path().filename().string();
     if (n.size() == 16 && n.rfind("step-", 0) == 0 && n.substr(13) == ".h5")
       steps.push_back(std::stoll(n.substr(5, 8)));
@@ -46,8 +47,6 @@ std::vector<int64_t> steps_in(const fs::path& folder) {
   std::sort(steps.begin(), steps.end());
   return steps;
 }
-
-}  // namespace
 
 std::string checkpoint_file_name(int64_t step) {
   char buf[32];
@@ -90,7 +89,7 @@ void publish_checkpoint(const std::string& folder, int64_t step, int64_t keep_la
   rename_or_fail(latest_tmp, dir / "latest");
   fsync_path(dir.string(), true);
   if (keep_latest_k > 0) {
-    const std::vector<int64_t> steps = steps_in(dir);
+    const std::vector<int64_t> steps = checkpoint_steps(folder);
     for (size_t i = 0; i + size_t(keep_latest_k) < steps.size(); ++i) {
       std::error_code ec;
       fs::remove(dir / checkpoint_file_name(steps[i]), ec);

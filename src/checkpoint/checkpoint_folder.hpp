@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace meshtrain {
 
@@ -16,6 +17,9 @@ std::string checkpoint_file_name(int64_t step);
 /// else the one `latest` names, else none (a fresh run). @throws CheckpointError naming the
 /// folder or file: a requested step that does not exist, a `latest` that names a missing file.
 std::optional<std::string> checkpoint_to_load(const std::string& folder, int64_t load_step);
+
+/// Steps of the complete step-NNNNNNNN.h5 files in `folder`, ascending (none when it does not exist).
+std::vector<int64_t> checkpoint_steps(const std::string& folder);
 
 /// Rank 0's part of publishing a written `tmp` file (…/step-N.h5.tmp): fsync it, rename it to
 /// its final name, replace `latest` atomically, then delete the oldest step files beyond

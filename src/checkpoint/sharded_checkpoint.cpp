@@ -1,10 +1,15 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 
 #include "util/errors.hpp"
+
+#include <xxhash.h>
+
+#include <sstream>
 
 #include "checkpoint/h5_util.hpp"
 
@@ -51,6 +56,14 @@ Handle create_dataset(hid_t file, const std::string& name, const Shape& shape, c
   return ds;
 }
 
+Handle create_bytes_dataset(hid_t file, const std::string& name, int64_t n, const std::string& path) {
+  const hsize_t dims[1] = {hsize_t(n)};
+  Handle space{n > 0 ? H5Screate_simple(1, dims, nullptr) : H5Screate(H5S_NULL), H5Sclose};
+  Handle ds{H5Dcreate2(file, name.c_str(), H5T_NATIVE_UCHAR, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose};
+  if (ds.id < 0) h5::fail(path, "cannot create dataset " + name);
+  return ds;
+}
+
 // Writes (or reads) host [n] as hyperslab (start, count) of dataset `ds`.
 bool transfer(hid_t ds, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count, float* host, bool write) {
   Handle file_space{H5Dget_space(ds), H5Sclose};
@@ -60,7 +73,103 @@ bool transfer(hid_t ds, const std::vector<hsize_t>& start, const std::vector<hsi
                : H5Dread(ds, H5T_NATIVE_FLOAT, mem.id, file_space.id, H5P_DEFAULT, host) >= 0;
 }
 
+// Fault injection for the failed-save test: MESHTRAIN_TEST_KILL_SAVE_AT_STEP=N makes the last
+// rank of `world` exit abruptly (as a killed rank would) after writing its first shard of the
+// step-N checkpoint, leaving a partial .tmp file behind.
+void die_if_injected(MPI_Comm world, int64_t step) {
+  static const char* env = std::getenv("MESHTRAIN_TEST_KILL_SAVE_AT_STEP");
+  if (!env || std::atoll(env) != step) return;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  if (rank == size - 1) std::_Exit(9);
+}
+
 std::string state_name(const Parameter& p, const char* which) { return "/optimizer/" + p.name + "/" + which; }
+
+std::string join(const std::vector<hsize_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::vector<hsize_t> split(const std::string& s) {
+  std::vector<hsize_t> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(hsize_t(std::stoull(item)));
+  return out;
+}
+
+// XXH3-64 of a shard's bytes as stored (float32, little-endian).
+uint64_t shard_hash(const std::vector<float>& host) { return XXH3_64bits(host.data(), host.size() * sizeof(float)); }
+
+// One line per written hyperslab: "dataset<TAB>start<TAB>count<TAB>xxh3 hex".
+std::string checksum_line(const std::string& name, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
+                          uint64_t hash) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return name + "\t" + join(start) + "\t" + join(count) + "\t" + hex + "\n";
+}
+
+// Every rank's text, concatenated in rank order, on every rank.
+std::string all_gather_text(MPI_Comm world, const std::string& mine) {
+  int size = 0;
+  MPI_Comm_size(world, &size);
+  int len = int(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world);
+  int total = 0;
+  for (int r = 0; r < size; ++r) displs[size_t(r)] = total, total += lens[size_t(r)];
+  std::string all(size_t(total), '\0');
+  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, world);
+  return all;
+}
+
+// Re-reads the hyperslabs the writers recorded in /checksums (records dealt round-robin over the
+// ranks of `world`) and compares their XXH3-64 with the recorded one.
+void verify_checksums(hid_t file, MPI_Comm world, const std::string& path) {
+  Handle ds{-1, H5Dclose};
+  H5E_BEGIN_TRY { ds.id = H5Dopen2(file, "/checksums", H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (ds.id < 0) h5::fail(path, "missing dataset /checksums (an incomplete checkpoint?)");
+  Handle space{H5Dget_space(ds.id), H5Sclose};
+  const hssize_t n = H5Sget_simple_extent_npoints(space.id);
+  std::string text(size_t(std::max<hssize_t>(n, 0)), '\0');
+  if (n > 0 && H5Dread(ds.id, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()) < 0)
+    h5::fail(path, "cannot read dataset /checksums");
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  std::istringstream lines(text);
+  std::string line;
+  std::vector<float> host;
+  for (int64_t i = 0; std::getline(lines, line); ++i) {
+    if (i % size != rank) continue;
+    std::istringstream f(line);
+    std::string name, start_s, count_s, hex;
+    if (!std::getline(f, name, '\t') || !std::getline(f, start_s, '\t') || !std::getline(f, count_s, '\t') ||
+        !std::getline(f, hex))
+      h5::fail(path, "malformed /checksums record " + std::to_string(i));
+    const std::vector<hsize_t> start = split(start_s), count = split(count_s);
+    Handle d{-1, H5Dclose};
+    H5E_BEGIN_TRY { d.id = H5Dopen2(file, name.c_str(), H5P_DEFAULT); }
+    H5E_END_TRY;
+    if (d.id < 0) h5::fail(path, "missing dataset " + name + " (listed in /checksums)");
+    hsize_t elems = 1;
+    for (hsize_t c : count) elems *= c;
+    host.resize(size_t(elems));
+    bool ok = false;
+    H5E_BEGIN_TRY { ok = transfer(d.id, start, count, host.data(), false); }
+    H5E_END_TRY;
+    if (!ok) h5::fail(path, "cannot read dataset " + name + " at [" + start_s + "] (truncated or corrupt file)");
+    char got[17];
+    std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(shard_hash(host)));
+    if (hex != got)
+      h5::fail(path, "dataset " + name + ": the shard at [" + start_s + "] + [" + count_s + "] fails its checksum (xxh3 " +
+                         got + ", written " + hex + "): corrupt checkpoint");
+  }
+}
 
 }  // namespace
 
@@ -109,7 +218,8 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
     for (Parameter* p : model.parameters())
       for (const std::string& name : {"/model/" + p->name, state_name(*p, "exp_avg"), state_name(*p, "exp_avg_sq")})
         datasets.emplace(name, create_dataset(file.id, name, p->shape, path));
-    // Shard data: independent writes of this rank's hyperslabs.
+    // Shard data: independent writes of this rank's hyperslabs, each checksummed.
+    std::string checksums;
     std::vector<float> host;
     std::vector<hsize_t> start, count;
     for (size_t i = 0; i < shards.size() && error.empty(); ++i) {
@@ -128,7 +238,20 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
           error = path + ": cannot write dataset " + name;
           break;
         }
+        checksums += checksum_line(name, start, count, shard_hash(host));
+        die_if_injected(world, state.step);
       }
+    }
+    // /checksums: every rank's records (gathered), one uint8 text dataset written by rank 0.
+    const std::string all = all_gather_text(world, checksums);
+    {
+      Handle ds = create_bytes_dataset(file.id, "/checksums", int64_t(all.size()), path);
+      h5::write_attr(ds.id, "algorithm", std::string("xxh3_64"), path);
+      int rank = 0;
+      MPI_Comm_rank(world, &rank);
+      if (rank == 0 && !all.empty() &&
+          H5Dwrite(ds.id, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) < 0 && error.empty())
+        error = path + ": cannot write dataset /checksums";
     }
     if (H5Fflush(file.id, H5F_SCOPE_GLOBAL) < 0 && error.empty()) error = path + ": cannot flush";
   }  // the datasets, then the file, close collectively
@@ -145,7 +268,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     Handle file{-1, H5Fclose};
     H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
     H5E_END_TRY;
-    if (file.id < 0) h5::fail(path, "cannot open as an HDF5 checkpoint");
+    if (file.id < 0) h5::fail(path, "cannot open as an HDF5 checkpoint (missing, truncated or not HDF5)");
     {
       Handle g{H5Gopen2(file.id, "/meta", H5P_DEFAULT), H5Gclose};
       if (g.id < 0 || h5::read_string_attr(g.id, "format", path) != kFormat) h5::fail(path, "not a meshtrain checkpoint (no /meta format)");
@@ -186,6 +309,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (!transfer(ds.id, start, count, host.data(), false)) h5::fail(path, "cannot read dataset " + name);
       dev.upload(dst, host.data(), size_t(n) * sizeof(float));
     };
+    verify_checksums(file.id, world, path);
     // Replicated parameters (DDP, ZeRO-1/2): every element of the tp slab; FSDP: the shard.
     if (model.flat_params().defined()) {
       for (Parameter* p : model.parameters()) read_into("/model/" + p->name, *p, p->value.reshape({p->value.numel()}), 0);

@@ -108,6 +108,9 @@ struct CheckpointSection {
   int64_t interval = 500;
   int64_t keep_latest_k = 0;
   int64_t load_step = -1;
+  /// A checkpoint that fails to load: "fail" stops the run; "previous" falls back to the newest
+  /// older checkpoint that loads (load_step = -1 only) and says so.
+  std::string on_corrupt = "fail";
 };
 
 /// [comm]: collective deadlines enforced by the watchdog (TorchTitan's key names).

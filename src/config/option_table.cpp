@@ -272,6 +272,9 @@ std::vector<Option> build_option_table() {
     s.integer("interval", &CheckpointSection::interval, "steps between checkpoints", 1);
     s.integer("keep_latest_k", &CheckpointSection::keep_latest_k, "checkpoints kept (0 = all)", 0);
     s.integer("load_step", &CheckpointSection::load_step, "step to resume from (-1 = the latest)", -1);
+    s.str("on_corrupt", &CheckpointSection::on_corrupt,
+          "a checkpoint that fails to load (checksum, truncation, shape): fail, or fall back to the previous one",
+          {"fail", "previous"});
   }
   {
     Section<TopologySection> s{o, "topology", &JobConfig::topology};

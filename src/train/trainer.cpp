@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint_folder.hpp"
@@ -46,6 +48,36 @@ std::string human_bytes(double b) {
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
   return fmt("%.1f ", b) + units[u];
+}
+
+/// Loads the checkpoint [checkpoint] asks for through `load` (collective; throws
+/// CheckpointError on every rank alike) and returns its path, or nothing for a fresh run. With
+/// on_corrupt = "previous" (and load_step = -1) a checkpoint that fails is reported and the next
+/// older one is tried.
+std::optional<std::string> load_with_fallback(const CheckpointSection& c, const std::string& dir,
+                                              const std::function<void(const std::string&)>& load) {
+  std::optional<std::string> first;
+  try {
+    first = checkpoint_to_load(dir, c.load_step);
+    if (first) load(*first);
+    return first;
+  } catch (const CheckpointError& e) {
+    if (c.on_corrupt != "previous" || c.load_step >= 0) throw;
+    log::warn(std::string(e.what()) + "; [checkpoint] on_corrupt = previous: trying an older checkpoint");
+    const std::vector<int64_t> steps = checkpoint_steps(dir);
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      const std::string f = (std::filesystem::path(dir) / checkpoint_file_name(*it)).string();
+      if (first && f == *first) continue;
+      try {
+        load(f);
+        log::warn("resuming from the previous good checkpoint " + f);
+        return f;
+      } catch (const CheckpointError& older) {
+        log::warn(std::string(older.what()) + "; trying an older checkpoint");
+      }
+    }
+    throw CheckpointError(dir + ": no checkpoint loads (on_corrupt = previous tried every step file)");
+  }
 }
 
 /// "pp 1 × dp_replicate 2 × dp_shard 4 × cp 1 × tp 2": the layout a checkpoint records.
@@ -163,8 +195,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   const std::string ckpt_dir = (out_dir / cfg.checkpoint.folder).string();  // an absolute folder wins
   TrainState resumed;
   if (cfg.checkpoint.enable) {
-    if (const auto from = checkpoint_to_load(ckpt_dir, cfg.checkpoint.load_step)) {
-      resumed = load_checkpoint(*from, world.comm(), dev, model, sync->local_shards(), opt);
+    if (const auto from = load_with_fallback(cfg.checkpoint, ckpt_dir, [&](const std::string& f) {
+          resumed = load_checkpoint(f, world.comm(), dev, model, sync->local_shards(), opt);
+        })) {
       loader.set_cursor(resumed.loader_cursor);
       log::info("resumed from " + *from + ": step " + std::to_string(resumed.step) + ", " +
                 std::to_string(resumed.tokens_seen) + " tokens seen, loader cursor " +

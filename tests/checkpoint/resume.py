@@ -51,6 +51,8 @@ def main():
           "--metrics.log_freq=1"]
     args.extra = args.extra + ck
     ref_name, ref_np, *ref_over = args.reference.split()
+    # A folder with checkpoints resumes from them: every run here starts from an empty one.
+    shutil.rmtree(os.path.join(args.out, ref_name), ignore_errors=True)
     ref_dir = launch(args, int(ref_np), ref_name, ref_over)
     ref_recs, ref_params = records(ref_dir), params(ref_dir)
     saved = os.path.join(ref_dir, "checkpoints", f"step-{args.at:08d}.h5")
