@@ -19,4 +19,8 @@ int cmd_layout(int argc, char** argv);
 /// count and FLOPs per token of any flavor, large ones included. Serial.
 int cmd_model(int argc, char** argv);
 
+/// `meshtrain ckpt inspect FILE` (ckpt_cmd.cpp): a checkpoint's tree, shapes, dtypes, train
+/// state, writer layout and checksum verdict; exit 2 when a checksum fails. Serial.
+int cmd_ckpt(int argc, char** argv);
+
 }  // namespace meshtrain::app

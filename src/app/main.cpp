@@ -18,7 +18,7 @@ void usage(FILE* out) {
       "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
       "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
       "  layout --deck FILE --world-size N [--topology FILE] [--csv FILE]   rank layout report\n"
-      "  ckpt                                          not implemented yet\n",
+      "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n",
       out);
 }
 
@@ -37,10 +37,7 @@ int main(int argc, char** argv) {
     if (cmd == "deck") return app::cmd_deck(argc - 2, argv + 2);
     if (cmd == "model") return app::cmd_model(argc - 2, argv + 2);
     if (cmd == "layout") return app::cmd_layout(argc - 2, argv + 2);
-    if (cmd == "ckpt") {
-      std::fprintf(stderr, "meshtrain %s: not implemented yet\n", cmd.c_str());
-      return kExitConfig;
-    }
+    if (cmd == "ckpt") return app::cmd_ckpt(argc - 2, argv + 2);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return kExitConfig;

@@ -126,9 +126,9 @@ std::string all_gather_text(MPI_Comm world, const std::string& mine) {
   return all;
 }
 
-// Re-reads the hyperslabs the writers recorded in /checksums (records dealt round-robin over the
-// ranks of `world`) and compares their XXH3-64 with the recorded one.
-void verify_checksums(hid_t file, MPI_Comm world, const std::string& path) {
+}  // namespace
+
+int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path) {
   Handle ds{-1, H5Dclose};
   H5E_BEGIN_TRY { ds.id = H5Dopen2(file, "/checksums", H5P_DEFAULT); }
   H5E_END_TRY;
@@ -138,13 +138,11 @@ void verify_checksums(hid_t file, MPI_Comm world, const std::string& path) {
   std::string text(size_t(std::max<hssize_t>(n, 0)), '\0');
   if (n > 0 && H5Dread(ds.id, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, text.data()) < 0)
     h5::fail(path, "cannot read dataset /checksums");
-  int rank = 0, size = 1;
-  MPI_Comm_rank(world, &rank);
-  MPI_Comm_size(world, &size);
   std::istringstream lines(text);
   std::string line;
   std::vector<float> host;
-  for (int64_t i = 0; std::getline(lines, line); ++i) {
+  int64_t i = 0;
+  for (; std::getline(lines, line); ++i) {
     if (i % size != rank) continue;
     std::istringstream f(line);
     std::string name, start_s, count_s, hex;
@@ -169,9 +167,8 @@ void verify_checksums(hid_t file, MPI_Comm world, const std::string& path) {
       h5::fail(path, "dataset " + name + ": the shard at [" + start_s + "] + [" + count_s + "] fails its checksum (xxh3 " +
                          got + ", written " + hex + "): corrupt checkpoint");
   }
+  return i;
 }
-
-}  // namespace
 
 void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vector<hsize_t>& start,
                      std::vector<hsize_t>& count) {
@@ -309,7 +306,10 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (!transfer(ds.id, start, count, host.data(), false)) h5::fail(path, "cannot read dataset " + name);
       dev.upload(dst, host.data(), size_t(n) * sizeof(float));
     };
-    verify_checksums(file.id, world, path);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    verify_checksums(file.id, rank, size, path);
     // Replicated parameters (DDP, ZeRO-1/2): every element of the tp slab; FSDP: the shard.
     if (model.flat_params().defined()) {
       for (Parameter* p : model.parameters()) read_into("/model/" + p->name, *p, p->value.reshape({p->value.numel()}), 0);

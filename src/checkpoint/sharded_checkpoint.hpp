@@ -59,6 +59,12 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                            const std::vector<LocalShard>& shards, AdamW& opt);
 
+/// Re-reads the shards that /checksums of the open checkpoint `file` lists — those with record
+/// index % size == rank — and compares their XXH3-64 with the recorded value. Returns the number
+/// of records in the file. @throws CheckpointError naming `path` and the dataset: no /checksums,
+/// a listed dataset missing or unreadable, a hash mismatch.
+int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path);
+
 /// The global hyperslab {start, count} (one entry per dim of p.shape) of elements
 /// [first_elem, first_elem + n) of p's tp-local tensor, which must be whole rows of it.
 /// @throws std::invalid_argument when the range is not whole rows.

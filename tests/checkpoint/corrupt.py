@@ -7,7 +7,8 @@ each case damages a copy of the folder and resumes from it.
 - a truncated file: refused, naming the file;
 - a checkpoint of another model shape: refused, naming the dataset and both shapes;
 - `latest` naming a missing file: refused, naming the pointer;
-- on_corrupt = previous with the flipped byte: says so, resumes from step 3 and trains on.
+- on_corrupt = previous with the flipped byte: says so, resumes from step 3 and trains on;
+- `meshtrain ckpt inspect` reports the intact file (exit 0) and the flipped one (exit 2).
 
 usage: corrupt.py --meshtrain BIN --deck DECK --data H5 --out DIR [-- overrides]
 """
@@ -91,6 +92,14 @@ def main():
     case("dangling_latest", dangling, [], 2, ["latest", "names " + step6 + ", which does not exist"])
     case("fallback_to_previous", flip_byte, ["--checkpoint.on_corrupt=previous"], 0,
          ["fails its checksum", "resuming from the previous good checkpoint", "step-00000003.h5", "step 8/8"])
+    # meshtrain ckpt inspect: the verdict and the status follow the checksums.
+    for name, want_rc, want in (("base", 0, "all match"), ("flipped_byte", 2, "checksums: FAILED")):
+        res = subprocess.run([args.meshtrain, "ckpt", "inspect", os.path.join(args.out, name, "checkpoints", step6)],
+                             capture_output=True, text=True)
+        ok = (res.returncode == want_rc and want in res.stdout and "train state: step 6" in res.stdout
+              and "/model/layers.0.attention.wq.weight  [64, 64] float32" in res.stdout)
+        failed |= not ok
+        print(f"{'ok  ' if ok else 'FAIL'} ckpt inspect {name}: exit {res.returncode}: {res.stdout.strip().splitlines()[-1]}")
     sys.exit(1 if failed else 0)
 
 
