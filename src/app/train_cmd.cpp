@@ -10,6 +10,7 @@
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/deck_parser.hpp"
 #include "topology/discovery.hpp"
+#include "train/preemption.hpp"
 #include "train/trainer.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
@@ -63,8 +64,13 @@ int cmd_train(int argc, char** argv) {
       }))
     return kExitConfig;
   MpiCommunicator world(MPI_COMM_WORLD, "world");
+  install_preemption_handlers();
   try {
     train(cfg, dims, *store, *layout, world);
+  } catch (const PreemptedError& e) {
+    // Every rank stopped at the same step boundary (agreed), after the save: a clean exit.
+    if (world.rank() == 0) log::warn(e.what());
+    return kExitPreempted;
   } catch (const ConfigError& e) {
     log::error(e.what());
     MpiRuntime::abort_job(kExitConfig);

@@ -27,6 +27,7 @@
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "parallel/tp_gather.hpp"
 #include "parallel/tp_grads.hpp"
+#include "train/preemption.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
 
@@ -336,7 +337,17 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
                 fmt("%.4f", unigram) + ")");
     }
-    if (cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps)) save(step);
+    const bool saved = cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps);
+    if (saved) save(step);
+    // Preemption: any rank's signal stops every rank here, at the same step boundary.
+    double stop = preemption_requested() ? double(preemption_signal()) : 0.0;
+    world.all_reduce_host(&stop, 1, ReduceOp::kMax);
+    if (stop > 0 && step < cfg.training.steps) {
+      if (cfg.checkpoint.enable && !saved) save(step);
+      throw PreemptedError("preempted by signal " + std::to_string(int(stop)) + " after step " + std::to_string(step) +
+                           (cfg.checkpoint.enable ? "; checkpoint saved in " + ckpt_dir + ", a rerun resumes from it"
+                                                  : "; [checkpoint] enable is false, so nothing was saved"));
+    }
   }
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;

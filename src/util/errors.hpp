@@ -34,6 +34,13 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The job was asked to stop (SIGTERM / SIGUSR1) and stopped at a step boundary, after saving a
+/// checkpoint when checkpointing is enabled; app/ exits with kExitPreempted. what() says where.
+class PreemptedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// A collective failed or missed its deadline. what() names the collective, dimension and group.
 class CommError : public std::runtime_error {
  public:

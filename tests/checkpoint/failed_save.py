@@ -10,16 +10,15 @@
 
 usage: failed_save.py --meshtrain BIN --deck DECK --data H5 --out DIR [-- overrides]
 """
-import json
 import os
 import shutil
 import subprocess
 import sys
 
-import h5py
-import numpy as np
 
 sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckpt_common import losses, report, same_final_params  # noqa: E402
 
 
 def run(args, folder, extra, kill_at=None):
@@ -31,9 +30,6 @@ def run(args, folder, extra, kill_at=None):
         env["MESHTRAIN_TEST_KILL_SAVE_AT_STEP"] = str(kill_at)
     return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
-
-def losses(folder):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(folder, "metrics.jsonl"))) if "loss" in r}
 
 
 def main():
@@ -65,14 +61,8 @@ def main():
     if res.returncode == 0:
         a, b = losses(ref), losses(work)
         checks.append(("losses after step 3 bitwise equal", all(a[s] == b[s] for s in range(4, 9))))
-        with h5py.File(os.path.join(ref, "model_final.h5")) as f, h5py.File(os.path.join(work, "model_final.h5")) as g:
-            checks.append(("final parameters bitwise equal",
-                           all(np.array_equal(f["params"][k][()], g["params"][k][()]) for k in f["params"])))
-    for name, ok in checks:
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    if not all(ok for _, ok in checks):
-        print(res.stdout[-3000:], res.stderr[-3000:])
-        sys.exit(1)
+        checks.append(("final parameters bitwise equal", same_final_params(ref, work)))
+    report(checks, res.stdout[-3000:] + res.stderr[-3000:])
 
 
 if __name__ == "__main__":

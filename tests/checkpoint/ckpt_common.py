@@ -1,0 +1,29 @@
+"""Helpers shared by the checkpoint tests: a run folder's losses and final parameters, and the
+ok/FAIL report."""
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+
+
+def losses(folder):
+    """{step: loss} of the training records of folder/metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(folder, "metrics.jsonl"))) if "loss" in r}
+
+
+def same_final_params(a, b):
+    """Whether a/model_final.h5 and b/model_final.h5 hold bitwise identical parameters."""
+    with h5py.File(os.path.join(a, "model_final.h5")) as f, h5py.File(os.path.join(b, "model_final.h5")) as g:
+        return set(f["params"]) == set(g["params"]) and all(
+            np.array_equal(f["params"][k][()], g["params"][k][()]) for k in f["params"])
+
+
+def report(checks, context):
+    """Prints each (name, ok) check; on any failure prints `context` (run output) and exits 1."""
+    for name, ok in checks:
+        print(f"{'ok  ' if ok else 'FAIL'} {name}")
+    if not all(ok for _, ok in checks):
+        print(context)
+        sys.exit(1)
