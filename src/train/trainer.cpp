@@ -195,14 +195,19 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   // whatever layout wrote it (every rank reads the hyperslabs it now owns).
   const std::string ckpt_dir = (out_dir / cfg.checkpoint.folder).string();  // an absolute folder wins
   TrainState resumed;
+  nlohmann::json load_event;  // written to metrics.jsonl once it is open
   if (cfg.checkpoint.enable) {
+    const auto t_load = Clock::now();
     if (const auto from = load_with_fallback(cfg.checkpoint, ckpt_dir, [&](const std::string& f) {
           resumed = load_checkpoint(f, world.comm(), dev, model, sync->local_shards(), opt);
         })) {
       loader.set_cursor(resumed.loader_cursor);
+      load_event = {{"event", "checkpoint_load"}, {"step", resumed.step}, {"bytes", int64_t(std::filesystem::file_size(*from))},
+                    {"seconds", seconds_since(t_load)}};
       log::info("resumed from " + *from + ": step " + std::to_string(resumed.step) + ", " +
                 std::to_string(resumed.tokens_seen) + " tokens seen, loader cursor " +
-                std::to_string(resumed.loader_cursor));
+                std::to_string(resumed.loader_cursor) + " (" + human_bytes(double(load_event["bytes"])) + " in " +
+                fmt("%.2f s", double(load_event["seconds"])) + ", checksums verified)");
     }
   }
   if (rank0) {
@@ -210,9 +215,11 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     std::ofstream(out_dir / "deck.resolved.toml") << resolved_deck_toml(cfg);
   }
   MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0, /*append=*/resumed.step > 0);
+  if (!load_event.is_null()) metrics.write(load_event);
   int64_t tokens_seen = resumed.tokens_seen;
   Communicator& dp_replicate = comms.get(MeshDim::kDpReplicate);
   auto save = [&](int64_t step) {
+    const auto t_save = Clock::now();
     if (rank0) std::filesystem::create_directories(ckpt_dir);
     world.barrier();
     const std::string tmp = (std::filesystem::path(ckpt_dir) / checkpoint_file_name(step)).string() + ".tmp";
@@ -230,7 +237,12 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     double failed = error.empty() ? 0 : 1;
     world.all_reduce_host(&failed, 1, ReduceOp::kMax);
     if (failed) throw CheckpointError(rank0 ? error : ckpt_dir + ": publishing the checkpoint of step " + std::to_string(step) + " failed on rank 0");
-    log::info("checkpoint: step " + std::to_string(step) + " saved to " + ckpt_dir + "/" + checkpoint_file_name(step));
+    const double dt = seconds_since(t_save);
+    const std::string file = ckpt_dir + "/" + checkpoint_file_name(step);
+    const int64_t bytes = rank0 ? int64_t(std::filesystem::file_size(file)) : 0;
+    metrics.write({{"event", "checkpoint_save"}, {"step", step}, {"bytes", bytes}, {"seconds", dt}});
+    log::info("checkpoint: step " + std::to_string(step) + " saved to " + file + " (" + human_bytes(double(bytes)) +
+              " in " + fmt("%.2f s", dt) + ")");
   };
   const double flops_per_token = args.flops_per_token(seq_len);
   log::info("meshtrain: " + args.name + " " + args.flavor + ", " + std::to_string(args.num_params()) +

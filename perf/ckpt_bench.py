@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""perf/ckpt_bench: save and load bandwidth of meshtrain's sharded HDF5 checkpoints against dd in
+the same directory and the same run.
+
+For each rank count (default 1, 2, 4), FSDP over all ranks, a model of a few hundred MB of
+checkpoint (parameters + AdamW's two moments, fp32; default dim 512, 8 layers, vocab 8192: 400 MB):
+  save: a 1-step run saves step 1 — the time from entering the save to the published file
+        (parallel HDF5 write, flush, close, fsync, rename, `latest`), from metrics.jsonl's
+        checkpoint_save record;
+  load: a rerun resumes from it — the time to read every rank's shards, including re-reading all
+        shards once to verify their XXH3 checksums (checkpoint_load record);
+  dd:   `dd bs=4M conv=fdatasync` writing the same number of bytes to the same directory, then
+        `dd bs=4M` reading them back.
+Prints MB/s and the ratio to dd; writes JSON. A benchmark, not a test: nothing asserts on time.
+The page cache is not dropped (that needs privileges), so reads of freshly written files come
+from memory for both meshtrain and dd.
+
+usage: /usr/bin/python3 perf/ckpt_bench.py [--ranks 1 2 4] [--dim 512] [--layers 8] [--vocab 8192]
+           [--dir DIR] [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True  # no perf/__pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from comm_volume import ROOT, add_run_arguments, ensure_data, write_result  # noqa: E402
+
+
+def run_train(args, data, folder, n, steps):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n), args.binary, "train",
+           "--deck", os.path.join(ROOT, "inputs/llama3_debug.toml"), f"--training.dataset={data}",
+           f"--job.dump_folder={folder}", "--validation.enable=false", "--metrics.log_freq=1",
+           f"--model.dim={args.dim}", f"--model.n_layers={args.layers}", "--model.n_heads=8", "--model.n_kv_heads=8",
+           f"--model.vocab_size={args.vocab}", "--training.local_batch_size=1", "--training.seq_len=32",
+           f"--training.global_batch_size={n}", f"--training.steps={steps}", "--checkpoint.enable=true",
+           "--checkpoint.interval=1", "--checkpoint.keep_latest_k=1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+    recs = [json.loads(l) for l in open(os.path.join(folder, "metrics.jsonl"))]
+    return [r for r in recs if r.get("event") in ("checkpoint_save", "checkpoint_load")]
+
+
+def dd(args, path, nbytes):
+    """(write MB/s, read MB/s) of dd moving nbytes through `path`."""
+    count = max(1, nbytes // (4 << 20))
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={count}", "conv=fdatasync"],
+                   check=True, capture_output=True)
+    tw = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M"], check=True, capture_output=True)
+    tr = time.perf_counter() - t0
+    os.remove(path)
+    mb = count * 4 * 1.048576
+    return mb / tw, mb / tr
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--dir", help="where checkpoints and dd's file go (default: under --out)")
+    add_run_arguments(p, "ckpt_bench")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    data = ensure_data(args.data, args.out, args.binary)
+    base = args.dir or os.path.join(args.out, "runs")
+    os.makedirs(base, exist_ok=True)
+    rows = []
+    for n in args.ranks:
+        folder = os.path.join(base, f"np{n}")
+        shutil.rmtree(folder, ignore_errors=True)
+        save = run_train(args, data, folder, n, 1)[-1]
+        load = next(r for r in run_train(args, data, folder, n, 2) if r["event"] == "checkpoint_load")
+        dd_w, dd_r = dd(args, os.path.join(base, "dd.bin"), save["bytes"])
+        mb = save["bytes"] / 1e6
+        row = {"ranks": n, "bytes": save["bytes"], "save_s": save["seconds"], "load_s": load["seconds"],
+               "save_mb_s": mb / save["seconds"], "load_mb_s": mb / load["seconds"], "dd_write_mb_s": dd_w,
+               "dd_read_mb_s": dd_r}
+        row["save_vs_dd"] = row["save_mb_s"] / dd_w
+        row["load_vs_dd"] = row["load_mb_s"] / dd_r
+        rows.append(row)
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"{n} ranks: {mb:.0f} MB  save {row['save_mb_s']:.0f} MB/s ({row['save_vs_dd']:.2f}x dd write "
+              f"{dd_w:.0f})  load {row['load_mb_s']:.0f} MB/s ({row['load_vs_dd']:.2f}x dd read {dd_r:.0f})", flush=True)
+    write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
