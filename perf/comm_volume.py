@@ -113,6 +113,13 @@ def sh(cmd, env=None, timeout=None):
     return res.stdout
 
 
+def record_failure(rows, row, err):
+    """Prints a failed run's error, stores it in `row` and appends the row to `rows`."""
+    print(f"  FAILED: {err}", flush=True)
+    row["error"] = err
+    rows.append(row)
+
+
 def ensure_data(data, out, binary, ndocs=60, vocab=512):
     """Returns `data` if given, else builds a small token store under `out` (once)."""
     if data:
@@ -436,9 +443,7 @@ def main():
                 run = {"deck": deck_name, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S,
                        "tp": T, "zero_stage": zero, "micro_batches": M, "reshard": reshard, "overrides": over}
                 if err:
-                    print(f"  FAILED: {err}", flush=True)
-                    run["error"] = err
-                    runs.append(run)
+                    record_failure(runs, run, err)
                     failed = True
                     continue
                 # The model and settings really run (overrides included), from the run's resolved deck.

@@ -21,7 +21,7 @@ import sys
 
 sys.dont_write_bytecode = True  # no perf/__pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from comm_volume import ROOT, add_run_arguments, ensure_data, model_shape, train, write_result  # noqa: E402
+from comm_volume import ROOT, add_run_arguments, ensure_data, model_shape, record_failure, train, write_result  # noqa: E402
 
 MODELS = {
     "debug": [],
@@ -91,9 +91,7 @@ def main():
                                            timeout=args.timeout)
                 row = {"model": model, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S}
                 if err:
-                    print(f"  FAILED: {err}", flush=True)
-                    row["error"] = err
-                    rows.append(row)
+                    record_failure(rows, row, err)
                     failed = True
                     continue
                 if shape is None:

@@ -4,28 +4,15 @@
 
 #include <cstdio>
 
+#include "checkpoint/h5_util.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
 
 namespace {
 
-struct H5Handle {  // closes an HDF5 id with the matching close function
-  hid_t id;
-  herr_t (*close)(hid_t);
-  ~H5Handle() {
-    if (id >= 0) close(id);
-  }
-};
-
-void fail(const std::string& path, const std::string& what) { throw CheckpointError(path + ": " + what); }
-
-template <class T>
-void attr(hid_t loc, const char* name, T value, hid_t type, const std::string& path) {
-  H5Handle space{H5Screate(H5S_SCALAR), H5Sclose};
-  H5Handle a{H5Acreate2(loc, name, type, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
-  if (a.id < 0 || H5Awrite(a.id, type, &value) < 0) fail(path, std::string("cannot write attribute ") + name);
-}
+using h5::fail;
+using H5Handle = h5::Handle;
 
 void write_dataset(hid_t group, const std::string& name, const Shape& shape, hid_t type, const void* data,
                    const std::string& path) {
@@ -67,16 +54,16 @@ void write_model_dump(const std::string& path, Transformer& model, Device& dev, 
                            {"ffn_dim", a.ffn_dim()}, {"rope_original_max_seq_len", a.rope_original_max_seq_len},
                            {"use_rope_scaling", int64_t(a.use_rope_scaling)}, {"qk_norm", int64_t(a.qk_norm)},
                            {"tie_word_embeddings", int64_t(a.tie_word_embeddings)}})
-      attr(f.id, name, v, H5T_NATIVE_INT64, tmp);
+      h5::write_attr(f.id, name, int64_t(v), tmp);
     for (auto [name, v] : {std::pair{"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
                            {"rope_scaling_factor", a.rope_scaling_factor},
                            {"rope_low_freq_factor", a.rope_low_freq_factor},
                            {"rope_high_freq_factor", a.rope_high_freq_factor}})
-      attr(f.id, name, v, H5T_NATIVE_DOUBLE, tmp);
+      h5::write_attr(f.id, name, double(v), tmp);
     write_tensors(f.id, "/params", model, dev, false, tmp, opt.global_values);
     if (opt.grads) {
       write_tensors(f.id, "/grads", model, dev, true, tmp, nullptr);
-      attr(f.id, "loss", opt.loss, H5T_NATIVE_DOUBLE, tmp);
+      h5::write_attr(f.id, "loss", double(opt.loss), tmp);
     }
     if (opt.tokens) {
       H5Handle g{H5Gcreate2(f.id, "/batch", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};

@@ -89,7 +89,10 @@ std::string state_name(const Parameter& p, const char* which) { return "/optimiz
 
 std::string join(const std::vector<hsize_t>& v) {
   std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) out += ',';
+    out += std::to_string(v[i]);
+  }
   return out;
 }
 
@@ -291,9 +294,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (Shape(dims.begin(), dims.end()) != p.shape)
         h5::fail(path, "dataset " + name + " has shape " + shape_str(Shape(dims.begin(), dims.end())) +
                            ", the model needs " + shape_str(p.shape));
-      const hid_t id = ds.id;
-      ds.id = -1;
-      return Handle{id, H5Dclose};
+      return ds;
     };
     std::vector<float> host;
     std::vector<hsize_t> start, count;

@@ -9,21 +9,13 @@
 #include <cstring>
 
 #include "comm/mpi/mpi_communicator.hpp"
+#include "mpi/mpi_fixture.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "tiny_model.hpp"
 
 using namespace meshtrain;
 
 namespace {
-
-struct MpiFixture {
-  MpiFixture() {
-    runtime = std::make_unique<MpiRuntime>(&boost::unit_test::framework::master_test_suite().argc,
-                                           &boost::unit_test::framework::master_test_suite().argv);
-  }
-  ~MpiFixture() { runtime.reset(); }
-  static inline std::unique_ptr<MpiRuntime> runtime;
-};
 
 ModelArgs uneven_args() {
   ModelArgs a = testing::tiny_model_args(20, 2, 10, 2, 47);  // dim 20, head_dim 2 (< 3 ranks), vocab 47
@@ -101,6 +93,7 @@ void check_stage(int stage, int64_t accum) {
 
 }  // namespace
 
+using testing::MpiFixture;
 BOOST_TEST_GLOBAL_FIXTURE(MpiFixture);
 
 BOOST_AUTO_TEST_CASE(fsdp_gathers_exactly_and_reduce_scatters_sums) {

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "comm/mpi/mpi_communicator.hpp"
+#include "mpi/mpi_fixture.hpp"
 #include "graph/executor.hpp"
 #include "model/init.hpp"
 #include "model/transformer.hpp"
@@ -26,30 +27,26 @@ using namespace meshtrain;
 
 namespace {
 
-struct MpiFixture {
-  MpiFixture() {
-    runtime = std::make_unique<MpiRuntime>(&boost::unit_test::framework::master_test_suite().argc,
-                                           &boost::unit_test::framework::master_test_suite().argv);
-  }
-  ~MpiFixture() { runtime.reset(); }
-  static inline std::unique_ptr<MpiRuntime> runtime;
-};
-
 // The tp group of `size` ranks this rank belongs to (consecutive world ranks, as the layout
 // places tp innermost).
 std::unique_ptr<MpiCommunicator> tp_group(const MpiCommunicator& world, int size) {
   return world.split(world.rank() / size, world.rank(), "tp");
 }
 
-TensorParallel context(MpiCommunicator& comm, bool sequence_parallel, bool loss_parallel) {
+// One test's tp group of `size` ranks, its context and a CPU device.
+struct TpSetup {
+  MpiCommunicator world{MPI_COMM_WORLD, "world"};
+  std::unique_ptr<MpiCommunicator> comm;
   TensorParallel tp;
-  tp.comm = &comm;
-  tp.size = comm.size();
-  tp.rank = comm.rank();
-  tp.sequence_parallel = sequence_parallel;
-  tp.loss_parallel = loss_parallel;
-  return tp;
-}
+  std::unique_ptr<Device> dev = make_device("cpu", 1);
+  TpSetup(int size, bool sequence_parallel, bool loss_parallel) : comm(tp_group(world, size)) {
+    tp.comm = comm.get();
+    tp.size = comm->size();
+    tp.rank = comm->rank();
+    tp.sequence_parallel = sequence_parallel;
+    tp.loss_parallel = loss_parallel;
+  }
+};
 
 Tensor upload(Device& dev, const std::vector<float>& host, const Shape& shape) {
   Tensor t = dev.empty(shape, DType::kF32, MemCategory::kTemporaries);
@@ -58,10 +55,9 @@ Tensor upload(Device& dev, const std::vector<float>& host, const Shape& shape) {
 }
 
 void check_cross_entropy(int tp_size, int64_t vocab, bool loss_parallel) {
-  MpiCommunicator world(MPI_COMM_WORLD, "world");
-  auto comm = tp_group(world, tp_size);
-  const TensorParallel tp = context(*comm, true, loss_parallel);
-  auto dev = make_device("cpu", 1);
+  TpSetup setup(tp_size, true, loss_parallel);
+  const TensorParallel& tp = setup.tp;
+  auto& dev = setup.dev;
   const int64_t n = 12;
   // Identical random logits and targets on every rank (same seed); logits spread over ±8 so the
   // row maxima fall in different shards.
@@ -125,10 +121,10 @@ std::vector<float> slab_of(const Parameter& p, const Tensor& full) {
 }
 
 void check_model(int tp_size, bool sequence_parallel, ModelArgs a) {
-  MpiCommunicator world(MPI_COMM_WORLD, "world");
-  auto comm = tp_group(world, tp_size);
-  const TensorParallel tp = context(*comm, sequence_parallel, true);
-  auto dev = make_device("cpu", 1);
+  TpSetup setup(tp_size, sequence_parallel, true);
+  const TensorParallel& tp = setup.tp;
+  auto& dev = setup.dev;
+  auto& comm = setup.comm;
   Transformer ref(a, *dev);
   ref.init_weights(11);
   Transformer m(a, *dev, ModelStorage{}, tp);
@@ -181,6 +177,7 @@ ModelArgs args(int64_t kv_heads, bool tied, bool qk_norm, int64_t vocab) {
 
 }  // namespace
 
+using testing::MpiFixture;
 BOOST_TEST_GLOBAL_FIXTURE(MpiFixture);
 
 BOOST_AUTO_TEST_CASE(vocab_parallel_cross_entropy_equals_the_full_loss) {
