@@ -18,7 +18,9 @@ void usage(FILE* out) {
       "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
       "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
       "  layout --deck FILE --world-size N [--topology FILE] [--csv FILE]   rank layout report\n"
-      "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n",
+      "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n"
+      "  ckpt export --format safetensors --output DIR FILE\n"
+      "                                                Hugging Face model folder (model.safetensors, config.json)\n",
       out);
 }
 

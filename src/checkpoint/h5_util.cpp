@@ -40,6 +40,14 @@ int64_t read_int_attr(hid_t loc, const char* name, const std::string& path) {
   return v;
 }
 
+double read_double_attr(hid_t loc, const char* name, const std::string& path) {
+  if (H5Aexists(loc, name) <= 0) fail(path, std::string("missing attribute ") + name);
+  Handle a{H5Aopen(loc, name, H5P_DEFAULT), H5Aclose};
+  double v = 0;
+  if (a.id < 0 || H5Aread(a.id, H5T_NATIVE_DOUBLE, &v) < 0) fail(path, std::string("cannot read attribute ") + name);
+  return v;
+}
+
 std::string read_string_attr(hid_t loc, const char* name, const std::string& path) {
   if (H5Aexists(loc, name) <= 0) fail(path, std::string("missing attribute ") + name);
   Handle a{H5Aopen(loc, name, H5P_DEFAULT), H5Aclose};

@@ -30,6 +30,7 @@ void write_attr(hid_t loc, const char* name, double value, const std::string& pa
 void write_attr(hid_t loc, const char* name, const std::string& value, const std::string& path);
 /// @throws CheckpointError when the attribute is missing or of another type.
 int64_t read_int_attr(hid_t loc, const char* name, const std::string& path);
+double read_double_attr(hid_t loc, const char* name, const std::string& path);
 std::string read_string_attr(hid_t loc, const char* name, const std::string& path);
 
 }  // namespace meshtrain::h5

@@ -2,6 +2,7 @@
 
 #include <hdf5.h>
 
+#include <cstdio>
 #include <vector>
 
 #include "checkpoint/h5_util.hpp"
@@ -51,15 +52,24 @@ std::string inspect_checkpoint(const std::string& path, bool& ok) {
     out += "format: " + h5::read_string_attr(g.id, "format", path) + " version " +
            std::to_string(h5::read_int_attr(g.id, "format_version", path)) + "\n";
     out += "model: " + h5::read_string_attr(g.id, "model", path) + "\n";
-    out += "written by: " + std::to_string(h5::read_int_attr(g.id, "world_size", path)) + " ranks, " +
+    out += "written by: meshtrain " + h5::read_string_attr(g.id, "meshtrain_version", path) + ", " +
+           std::to_string(h5::read_int_attr(g.id, "world_size", path)) + " ranks, " +
            h5::read_string_attr(g.id, "layout", path) + "\n";
+    out += std::string("contents: ") +
+           (h5::read_int_attr(g.id, "model_only", path) ? "model only (no optimizer state; export, not resume)"
+                                                        : "model and optimizer state") + "\n";
   }
   {
     h5::Handle g{H5Gopen2(file.id, "/train_state", H5P_DEFAULT), H5Gclose};
     out += "train state: step " + std::to_string(h5::read_int_attr(g.id, "step", path)) + ", tokens seen " +
            std::to_string(h5::read_int_attr(g.id, "tokens_seen", path)) + ", loader cursor " +
            std::to_string(h5::read_int_attr(g.id, "loader_cursor", path)) + ", optimizer step " +
-           std::to_string(h5::read_int_attr(g.id, "optimizer_step", path)) + "\n";
+           std::to_string(h5::read_int_attr(g.id, "optimizer_step", path)) + ", lr " +
+           [&] {
+             char b[32];
+             std::snprintf(b, sizeof b, "%.6g", h5::read_double_attr(g.id, "lr", path));
+             return std::string(b);
+           }() + ", seed " + std::to_string(h5::read_int_attr(g.id, "seed", path)) + "\n";
   }
   std::vector<Entry> entries;
   H5Ovisit2(file.id, H5_INDEX_NAME, H5_ITER_INC, visit, &entries, H5O_INFO_BASIC);

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "checkpoint/h5_util.hpp"
+#include "checkpoint/model_args_h5.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -48,18 +49,7 @@ void write_model_dump(const std::string& path, Transformer& model, Device& dev, 
   {
     H5Handle f{H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose};
     if (f.id < 0) fail(tmp, "cannot create file");
-    const ModelArgs& a = model.args();
-    for (auto [name, v] : {std::pair{"dim", a.dim}, {"n_layers", a.n_layers}, {"n_heads", a.n_heads},
-                           {"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim}, {"vocab_size", a.vocab_size},
-                           {"ffn_dim", a.ffn_dim()}, {"rope_original_max_seq_len", a.rope_original_max_seq_len},
-                           {"use_rope_scaling", int64_t(a.use_rope_scaling)}, {"qk_norm", int64_t(a.qk_norm)},
-                           {"tie_word_embeddings", int64_t(a.tie_word_embeddings)}})
-      h5::write_attr(f.id, name, int64_t(v), tmp);
-    for (auto [name, v] : {std::pair{"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-                           {"rope_scaling_factor", a.rope_scaling_factor},
-                           {"rope_low_freq_factor", a.rope_low_freq_factor},
-                           {"rope_high_freq_factor", a.rope_high_freq_factor}})
-      h5::write_attr(f.id, name, double(v), tmp);
+    write_model_args(f.id, model.args(), tmp);
     write_tensors(f.id, "/params", model, dev, false, tmp, opt.global_values);
     if (opt.grads) {
       write_tensors(f.id, "/grads", model, dev, true, tmp, nullptr);
@@ -74,12 +64,12 @@ void write_model_dump(const std::string& path, Transformer& model, Device& dev, 
   if (std::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "cannot rename from " + tmp);
 }
 
-void read_model_dump(const std::string& path, Transformer& model, Device& dev) {
+void read_model_dump(const std::string& path, Transformer& model, Device& dev, const std::string& group) {
   H5Handle f{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
   if (f.id < 0) fail(path, "cannot open as HDF5");
   for (Parameter* p : model.parameters()) {
-    const std::string ds_name = "/params/" + p->name;
-    if (H5Lexists(f.id, "/params", H5P_DEFAULT) <= 0 || H5Lexists(f.id, ds_name.c_str(), H5P_DEFAULT) <= 0)
+    const std::string ds_name = group + "/" + p->name;
+    if (H5Lexists(f.id, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(f.id, ds_name.c_str(), H5P_DEFAULT) <= 0)
       fail(path, "dataset " + ds_name + " missing");
     H5Handle ds{H5Dopen2(f.id, ds_name.c_str(), H5P_DEFAULT), H5Dclose};
     H5Handle space{H5Dget_space(ds.id), H5Sclose};

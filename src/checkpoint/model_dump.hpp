@@ -26,8 +26,10 @@ struct DumpOptions {
 /// @throws CheckpointError naming the file.
 void write_model_dump(const std::string& path, Transformer& model, Device& dev, const DumpOptions& opt = {});
 
-/// Reads /params of `path` into `model` (shapes must match). @throws CheckpointError naming the
-/// file and dataset on a missing dataset or a shape mismatch.
-void read_model_dump(const std::string& path, Transformer& model, Device& dev);
+/// Reads `group`/<name> of `path` into every parameter of (unsharded) `model` (shapes must
+/// match): "/params" of a model dump, or "/model" of a sharded checkpoint, whose datasets hold the
+/// same global tensors. @throws CheckpointError naming the file and dataset on a missing dataset
+/// or a shape mismatch.
+void read_model_dump(const std::string& path, Transformer& model, Device& dev, const std::string& group = "/params");
 
 }  // namespace meshtrain

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "checkpoint/h5_util.hpp"
+#include "checkpoint/model_args_h5.hpp"
 
 namespace meshtrain {
 
@@ -203,6 +204,11 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       h5::write_attr(g.id, "layout", meta.layout, path);
       h5::write_attr(g.id, "world_size", meta.world_size, path);
       h5::write_attr(g.id, "model", model.args().name + " " + model.args().flavor, path);
+      h5::write_attr(g.id, "meshtrain_version", std::string(MESHTRAIN_VERSION), path);
+      h5::write_attr(g.id, "seq_len", meta.seq_len, path);
+      h5::write_attr(g.id, "model_only", int64_t(meta.model_only), path);
+      h5::Handle args{H5Gcreate2(g.id, "model_args", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+      write_model_args(args.id, model.args(), path);
     }
     {
       Handle g{H5Gcreate2(file.id, "/train_state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
@@ -210,14 +216,20 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       h5::write_attr(g.id, "tokens_seen", state.tokens_seen, path);
       h5::write_attr(g.id, "loader_cursor", state.loader_cursor, path);
       h5::write_attr(g.id, "optimizer_step", state.optimizer_step, path);
+      h5::write_attr(g.id, "lr", state.lr, path);
+      h5::write_attr(g.id, "seed", state.seed, path);
+      h5::write_attr(g.id, "rng", std::string("counter-based SplitMix64 of (seed, stream, index); the seed is the state"), path);
     }
     // Dataset handles stay open until every rank has written: H5Dopen / H5Dclose of a dataset
     // being written are collective in parallel HDF5, so they are created and closed by all ranks
     // in the same order.
     std::map<std::string, Handle> datasets;
-    for (Parameter* p : model.parameters())
-      for (const std::string& name : {"/model/" + p->name, state_name(*p, "exp_avg"), state_name(*p, "exp_avg_sq")})
+    for (Parameter* p : model.parameters()) {
+      datasets.emplace("/model/" + p->name, create_dataset(file.id, "/model/" + p->name, p->shape, path));
+      if (meta.model_only) continue;
+      for (const std::string& name : {state_name(*p, "exp_avg"), state_name(*p, "exp_avg_sq")})
         datasets.emplace(name, create_dataset(file.id, name, p->shape, path));
+    }
     // Shard data: independent writes of this rank's hyperslabs, each checksummed.
     std::string checksums;
     std::vector<float> host;
@@ -233,6 +245,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
                                                       {state_name(*ls.param, "exp_avg"), opt.exp_avg().view({n}, opt.offset(i))},
                                                       {state_name(*ls.param, "exp_avg_sq"), opt.exp_avg_sq().view({n}, opt.offset(i))}};
       for (const auto& [name, t] : parts) {
+        if (meta.model_only && name.rfind("/optimizer/", 0) == 0) continue;
         dev.download(host.data(), t, size_t(n) * sizeof(float));
         if (!transfer(datasets.at(name).id, start, count, host.data(), true)) {
           error = path + ": cannot write dataset " + name;
@@ -274,6 +287,9 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (g.id < 0 || h5::read_string_attr(g.id, "format", path) != kFormat) h5::fail(path, "not a meshtrain checkpoint (no /meta format)");
       const int64_t v = h5::read_int_attr(g.id, "format_version", path);
       if (v != kFormatVersion) h5::fail(path, "format version " + std::to_string(v) + ", this meshtrain reads " + std::to_string(kFormatVersion));
+      if (h5::read_int_attr(g.id, "model_only", path))
+        h5::fail(path, "a model-only checkpoint ([checkpoint] last_save_model_only) has no optimizer state to resume "
+                       "training from; set [checkpoint] load_step to an earlier step, or export it");
     }
     {
       Handle g{H5Gopen2(file.id, "/train_state", H5P_DEFAULT), H5Gclose};
@@ -282,6 +298,8 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       state.tokens_seen = h5::read_int_attr(g.id, "tokens_seen", path);
       state.loader_cursor = h5::read_int_attr(g.id, "loader_cursor", path);
       state.optimizer_step = h5::read_int_attr(g.id, "optimizer_step", path);
+      state.lr = h5::read_double_attr(g.id, "lr", path);
+      state.seed = h5::read_int_attr(g.id, "seed", path);
     }
     auto open_checked = [&](const std::string& name, const Parameter& p) {
       Handle ds{-1, H5Dclose};

@@ -19,13 +19,17 @@
 
 namespace meshtrain {
 
-/// Training progress restored with the tensors (the LR schedule is a function of step; the
-/// sample order a function of the seed and the loader's global cursor).
+/// Training progress restored with the tensors. The LR schedule is a function of the step, so
+/// `step` is its state (`lr` records the value for inspection). meshtrain's random numbers are
+/// counter-based (util/rng.hpp: a pure function of seed, stream and index), so `seed` is the
+/// whole RNG state, and with the loader's global cursor it fixes the remaining sample order.
 struct TrainState {
   int64_t step = 0;            ///< optimizer steps completed
   int64_t tokens_seen = 0;     ///< global tokens consumed
   int64_t loader_cursor = 0;   ///< the train loader's global cursor (samples)
   int64_t optimizer_step = 0;  ///< AdamW's t
+  double lr = 0;               ///< learning rate of the last step taken
+  int64_t seed = 0;            ///< [training] seed: the counter-based RNG state
 };
 
 /// Which replicated pieces this rank writes: pieces replicated over dp_replicate are written by
@@ -40,11 +44,15 @@ struct CheckpointMeta {
   std::string deck_toml;   ///< the resolved deck
   std::string layout;      ///< e.g. "pp 1 x dp_replicate 1 x dp_shard 4 x cp 1 x tp 1"
   int64_t world_size = 1;
+  int64_t seq_len = 0;     ///< training sequence length (config.json's max_position_embeddings on export)
+  /// Parameters only, no optimizer state ([checkpoint] last_save_model_only, final save): for
+  /// export and evaluation; resuming training from it is refused.
+  bool model_only = false;
 };
 
 /// Writes `path` collectively over `world` (every rank calls it): /meta, /train_state, and the
 /// hyperslab of every local shard of `shards` (parameters from LocalShard::value, AdamW state from
-/// `opt`) that `role` says this rank writes. The file is flushed and closed before returning; the
+/// `opt` unless meta.model_only) that `role` says this rank writes. The file is flushed and closed before returning; the
 /// caller renames it into place. @throws CheckpointError naming the file (on every rank: the
 /// outcome is agreed over `world`).
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
@@ -54,8 +62,9 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
 /// Reads `path` into the current layout: every local shard's parameter and AdamW-state
 /// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's
 /// whole tp slab), and AdamW's step count. Collective over `world`. Returns the train state.
-/// @throws CheckpointError naming the file and dataset: not a checkpoint, a missing dataset, a
-/// parameter of another global shape (another model), an unreadable hyperslab.
+/// @throws CheckpointError naming the file and dataset: not a checkpoint, a model-only checkpoint,
+/// a missing dataset, a parameter of another global shape (another model), an unreadable
+/// hyperslab, a failed checksum.
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                            const std::vector<LocalShard>& shards, AdamW& opt);
 

@@ -111,6 +111,9 @@ struct CheckpointSection {
   /// A checkpoint that fails to load: "fail" stops the run; "previous" falls back to the newest
   /// older checkpoint that loads (load_step = -1 only) and says so.
   std::string on_corrupt = "fail";
+  /// The save after the last step holds parameters only (no optimizer state): smaller, for
+  /// export and evaluation; training cannot resume from it (TorchTitan's key).
+  bool last_save_model_only = false;
 };
 
 /// [comm]: collective deadlines enforced by the watchdog (TorchTitan's key names).

@@ -275,6 +275,8 @@ std::vector<Option> build_option_table() {
     s.str("on_corrupt", &CheckpointSection::on_corrupt,
           "a checkpoint that fails to load (checksum, truncation, shape): fail, or fall back to the previous one",
           {"fail", "previous"});
+    s.boolean("last_save_model_only", &CheckpointSection::last_save_model_only,
+              "the save after the last step holds parameters only (no optimizer state; cannot be resumed from)");
   }
   {
     Section<TopologySection> s{o, "topology", &JobConfig::topology};

@@ -201,6 +201,10 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     if (const auto from = load_with_fallback(cfg.checkpoint, ckpt_dir, [&](const std::string& f) {
           resumed = load_checkpoint(f, world.comm(), dev, model, sync->local_shards(), opt);
         })) {
+      if (resumed.seed != cfg.training.seed)  // the remaining sample order would change
+        throw CheckpointError(*from + ": written with [training] seed " + std::to_string(resumed.seed) + ", the deck has " +
+                              std::to_string(cfg.training.seed) + "; resuming would reorder the remaining samples (set seed = " +
+                              std::to_string(resumed.seed) + ")");
       loader.set_cursor(resumed.loader_cursor);
       load_event = {{"event", "checkpoint_load"}, {"step", resumed.step}, {"bytes", int64_t(std::filesystem::file_size(*from))},
                     {"seconds", seconds_since(t_load)}};
@@ -218,13 +222,15 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   if (!load_event.is_null()) metrics.write(load_event);
   int64_t tokens_seen = resumed.tokens_seen;
   Communicator& dp_replicate = comms.get(MeshDim::kDpReplicate);
+  double last_lr = 0;
   auto save = [&](int64_t step) {
     const auto t_save = Clock::now();
     if (rank0) std::filesystem::create_directories(ckpt_dir);
     world.barrier();
     const std::string tmp = (std::filesystem::path(ckpt_dir) / checkpoint_file_name(step)).string() + ".tmp";
-    const TrainState st{step, tokens_seen, loader.cursor(), opt.step_count()};
-    CheckpointMeta meta{resolved_deck_toml(cfg), layout_summary(dims), int64_t(world.size())};
+    const TrainState st{step, tokens_seen, loader.cursor(), opt.step_count(), last_lr, cfg.training.seed};
+    const bool model_only = cfg.checkpoint.last_save_model_only && step == cfg.training.steps;
+    CheckpointMeta meta{resolved_deck_toml(cfg), layout_summary(dims), int64_t(world.size()), seq_len, model_only};
     save_checkpoint(tmp, world.comm(), dev, model, sync->local_shards(), opt, st,
                     CheckpointRole{dp_replicate.rank() == 0, tp_comm.rank() == 0}, meta);
     // Rank 0 publishes; every rank learns whether that worked, so all stop together if not.
@@ -241,7 +247,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     const std::string file = ckpt_dir + "/" + checkpoint_file_name(step);
     const int64_t bytes = rank0 ? int64_t(std::filesystem::file_size(file)) : 0;
     metrics.write({{"event", "checkpoint_save"}, {"step", step}, {"bytes", bytes}, {"seconds", dt}});
-    log::info("checkpoint: step " + std::to_string(step) + " saved to " + file + " (" + human_bytes(double(bytes)) +
+    log::info("checkpoint: step " + std::to_string(step) + (model_only ? " (model only)" : "") + " saved to " + file + " (" + human_bytes(double(bytes)) +
               " in " + fmt("%.2f s", dt) + ")");
   };
   const double flops_per_token = args.flops_per_token(seq_len);
@@ -302,6 +308,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
     const double lr = schedule.lr(step);
     opt.step(float(lr));
+    last_lr = lr;
     sync->after_optimizer_step();
     dev.synchronize();
     const double dt = seconds_since(t0);

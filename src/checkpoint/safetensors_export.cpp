@@ -1,0 +1,265 @@
+#include "checkpoint/safetensors_export.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <map>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
+
+#include "checkpoint/h5_util.hpp"
+#include "checkpoint/model_args_h5.hpp"
+#include "checkpoint/sharded_checkpoint.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+struct Entry {
+  std::string name;  // meshtrain name (dataset /model/<name>)
+  std::vector<hsize_t> dims;
+};
+
+herr_t collect(hid_t group, const char* name, const H5L_info_t*, void* data) {
+  h5::Handle ds{-1, H5Dclose};
+  H5E_BEGIN_TRY { ds.id = H5Dopen2(group, name, H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (ds.id < 0) return -1;
+  h5::Handle space{H5Dget_space(ds.id), H5Sclose};
+  h5::Handle type{H5Dget_type(ds.id), H5Tclose};
+  if (H5Tget_class(type.id) != H5T_FLOAT || H5Tget_size(type.id) != 4) return -2;
+  std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
+  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  static_cast<std::vector<Entry>*>(data)->push_back({name, dims});
+  return 0;
+}
+
+// Writes `bytes` to `f` or throws naming `path` (a full disk, an I/O error).
+void write_all(std::FILE* f, const void* bytes, size_t n, const std::string& path) {
+  if (n && std::fwrite(bytes, 1, n, f) != n) h5::fail(path, "write failed (disk full?)");
+}
+
+// Flushes, fsyncs and closes `f`, then renames tmp → path (a reader never sees a partial file).
+void publish(std::FILE* f, const std::string& tmp, const std::string& path) {
+  const bool ok = std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  if (std::fclose(f) != 0 || !ok) h5::fail(tmp, "flush / sync failed (disk full?)");
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) h5::fail(path, "cannot rename from " + tmp + ": " + ec.message());
+}
+
+nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string& path) {
+  const bool qwen = a.name == "qwen3";
+  if (!qwen && a.qk_norm)
+    h5::fail(path, "a llama3 model with qk_norm has no Hugging Face architecture (LlamaForCausalLM has no q/k norm): "
+                   "not implemented yet");
+  nlohmann::json c = {
+      {"architectures", {qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", qwen ? "qwen3" : "llama"},
+      {"hidden_size", a.dim},
+      {"intermediate_size", a.ffn_dim()},
+      {"num_hidden_layers", a.n_layers},
+      {"num_attention_heads", a.n_heads},
+      {"num_key_value_heads", a.n_kv_heads},
+      {"head_dim", a.head_dim},
+      {"vocab_size", a.vocab_size},
+      {"rms_norm_eps", a.norm_eps},
+      {"rope_theta", a.rope_theta},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"tie_word_embeddings", a.tie_word_embeddings},
+      {"torch_dtype", "float32"},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+  };
+  if (!qwen) c["mlp_bias"] = false;
+  if (qwen) c["use_sliding_window"] = false, c["sliding_window"] = nullptr, c["max_window_layers"] = a.n_layers;
+  if (a.use_rope_scaling) {
+    // Llama 3.1 scaling as transformers names it (rope_type "llama3").
+    c["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", a.rope_scaling_factor},
+                         {"low_freq_factor", a.rope_low_freq_factor},
+                         {"high_freq_factor", a.rope_high_freq_factor},
+                         {"original_max_position_embeddings", a.rope_original_max_seq_len}};
+    c["max_position_embeddings"] = std::max<int64_t>(seq_len, int64_t(double(a.rope_original_max_seq_len) * a.rope_scaling_factor));
+  } else {
+    c["rope_scaling"] = nullptr;
+    c["max_position_embeddings"] = seq_len;
+  }
+  return c;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+std::string hf_parameter_name(const std::string& name) {
+  static const std::pair<const char*, const char*> kTop[] = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"}, {"norm.weight", "model.norm.weight"}, {"output.weight", "lm_head.weight"}};
+  static const std::pair<const char*, const char*> kBlock[] = {
+      {"attention_norm.weight", "input_layernorm.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attention.wq.weight", "self_attn.q_proj.weight"},   {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},   {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"attention.q_norm.weight", "self_attn.q_norm.weight"}, {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"}};
+  for (const auto& [from, to] : kTop)
+    if (name == from) return to;
+  const std::string prefix = "layers.";
+  const size_t dot = name.find('.', prefix.size());
+  if (name.rfind(prefix, 0) == 0 && dot != std::string::npos && dot > prefix.size() &&
+      name.find_first_not_of("0123456789", prefix.size()) == dot) {
+    const std::string rest = name.substr(dot + 1);
+    for (const auto& [from, to] : kBlock)
+      if (rest == from) return "model." + name.substr(0, dot + 1) + to;
+  }
+  throw CheckpointError("parameter " + name + " has no Hugging Face counterpart");
+}
+
+std::vector<float> permute_rope_rows(const std::vector<float>& src, int64_t rows, int64_t cols, int64_t head_dim) {
+  if (head_dim <= 0 || head_dim % 2 || rows % head_dim || int64_t(src.size()) != rows * cols)
+    throw std::invalid_argument("permute_rope_rows: rows must be whole heads of an even head_dim");
+  std::vector<float> out(src.size());
+  const int64_t half = head_dim / 2;
+  for (int64_t h = 0; h < rows / head_dim; ++h)
+    for (int64_t c = 0; c < 2; ++c)
+      for (int64_t j = 0; j < half; ++j) {
+        const float* from = src.data() + (h * head_dim + 2 * j + c) * cols;
+        std::copy(from, from + cols, out.data() + (h * head_dim + c * half + j) * cols);
+      }
+  return out;
+}
+
+ExportSummary export_safetensors(const std::string& path, const std::string& out_dir) {
+  h5::Handle file{-1, H5Fclose};
+  H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (file.id < 0) h5::fail(path, "cannot open as an HDF5 checkpoint (missing, truncated or not HDF5)");
+  ModelArgs args;
+  int64_t seq_len = 0;
+  std::string version;
+  {
+    h5::Handle g{-1, H5Gclose};
+    H5E_BEGIN_TRY { g.id = H5Gopen2(file.id, "/meta", H5P_DEFAULT); }
+    H5E_END_TRY;
+    if (g.id < 0 || h5::read_string_attr(g.id, "format", path) != "meshtrain-checkpoint")
+      h5::fail(path, "not a meshtrain checkpoint (no /meta format)");
+    seq_len = h5::read_int_attr(g.id, "seq_len", path);
+    version = h5::read_string_attr(g.id, "meshtrain_version", path);
+    h5::Handle a{-1, H5Gclose};
+    H5E_BEGIN_TRY { a.id = H5Gopen2(g.id, "model_args", H5P_DEFAULT); }
+    H5E_END_TRY;
+    if (a.id < 0) h5::fail(path, "missing /meta/model_args");
+    args = read_model_args(a.id, path);
+  }
+  ExportSummary summary;
+  {
+    h5::Handle g{H5Gopen2(file.id, "/train_state", H5P_DEFAULT), H5Gclose};
+    if (g.id < 0) h5::fail(path, "missing /train_state");
+    summary.step = h5::read_int_attr(g.id, "step", path);
+  }
+  verify_checksums(file.id, 0, 1, path);  // never export a damaged checkpoint
+
+  std::vector<Entry> entries;
+  {
+    h5::Handle model{-1, H5Gclose};
+    H5E_BEGIN_TRY { model.id = H5Gopen2(file.id, "/model", H5P_DEFAULT); }
+    H5E_END_TRY;
+    if (model.id < 0) h5::fail(path, "missing group /model");
+    herr_t r = 0;
+    H5E_BEGIN_TRY { r = H5Literate(model.id, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &entries); }
+    H5E_END_TRY;
+    if (r == -2) h5::fail(path, "a /model dataset is not float32 (bfloat16 export is not implemented yet)");
+    if (r < 0) h5::fail(path, "cannot list /model");
+  }
+  const nlohmann::json config = hf_config(args, seq_len, path);
+  summary.architecture = config["architectures"][0];
+
+  // Header: {hf name: {dtype, shape, data_offsets [begin, end) in the data section}}; the data
+  // section follows in the header's (sorted) key order.
+  std::map<std::string, size_t> order;  // hf name → entry index
+  for (size_t i = 0; i < entries.size(); ++i) {
+    try {
+      order[hf_parameter_name(entries[i].name)] = i;
+    } catch (const CheckpointError& e) {
+      h5::fail(path, std::string("/model/") + e.what());
+    }
+  }
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"},
+                            {"producer", "meshtrain " + version},
+                            {"source", std::filesystem::path(path).filename().string()},
+                            {"step", std::to_string(summary.step)}};
+  uint64_t offset = 0;
+  for (const auto& [hf, i] : order) {
+    uint64_t n = sizeof(float);
+    for (hsize_t d : entries[i].dims) n *= d;
+    header[hf] = {{"dtype", "F32"}, {"shape", entries[i].dims}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) h5::fail(out_dir, "cannot create the export folder: " + ec.message());
+  const std::string st_path = (std::filesystem::path(out_dir) / "model.safetensors").string(), st_tmp = st_path + ".tmp";
+  std::FILE* f = std::fopen(st_tmp.c_str(), "wb");
+  if (!f) h5::fail(st_tmp, "cannot create");
+  try {
+    static_assert(std::endian::native == std::endian::little, "safetensors stores little-endian u64 and float32");
+    const uint64_t header_len = text.size();
+    write_all(f, &header_len, sizeof header_len, st_tmp);
+    write_all(f, text.data(), text.size(), st_tmp);
+    std::vector<float> host;
+    for (const auto& [hf, i] : order) {
+      const Entry& e = entries[i];
+      const std::string ds_name = "/model/" + e.name;
+      h5::Handle ds{H5Dopen2(file.id, ds_name.c_str(), H5P_DEFAULT), H5Dclose};
+      hsize_t n = 1;
+      for (hsize_t d : e.dims) n *= d;
+      host.resize(size_t(n));
+      if (ds.id < 0 || H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0)
+        h5::fail(path, "cannot read dataset " + ds_name);
+      const bool q = ends_with(e.name, ".wq.weight") || ends_with(e.name, ".q_norm.weight");
+      const bool k = ends_with(e.name, ".wk.weight") || ends_with(e.name, ".k_norm.weight");
+      if (q || k) {
+        const int64_t rows = int64_t(e.dims[0]), cols = e.dims.size() > 1 ? int64_t(e.dims[1]) : 1;
+        host = permute_rope_rows(host, rows, cols, args.head_dim);
+      }
+      write_all(f, host.data(), host.size() * sizeof(float), st_tmp);
+    }
+  } catch (...) {
+    std::fclose(f);
+    std::remove(st_tmp.c_str());
+    throw;
+  }
+  publish(f, st_tmp, st_path);
+  summary.tensors = int64_t(order.size());
+  summary.bytes = int64_t(sizeof(uint64_t) + text.size() + offset);
+
+  const std::string cfg_path = (std::filesystem::path(out_dir) / "config.json").string(), cfg_tmp = cfg_path + ".tmp";
+  std::FILE* c = std::fopen(cfg_tmp.c_str(), "wb");
+  if (!c) h5::fail(cfg_tmp, "cannot create");
+  const std::string cfg_text = config.dump(2) + "\n";
+  try {
+    write_all(c, cfg_text.data(), cfg_text.size(), cfg_tmp);
+  } catch (...) {
+    std::fclose(c);
+    std::remove(cfg_tmp.c_str());
+    throw;
+  }
+  publish(c, cfg_tmp, cfg_path);
+  return summary;
+}
+
+}  // namespace meshtrain

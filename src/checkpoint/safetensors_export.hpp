@@ -1,0 +1,41 @@
+#pragma once
+/// @file `meshtrain ckpt export --format safetensors`: a checkpoint's parameters as a Hugging Face
+/// model folder (model.safetensors + config.json) that transformers' LlamaForCausalLM /
+/// Qwen3ForCausalLM load (doc/checkpoint-format.md, "Export").
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+/// The Hugging Face name of a meshtrain (Meta-layout) parameter name, e.g.
+/// "layers.3.attention.wq.weight" → "model.layers.3.self_attn.q_proj.weight".
+/// @throws CheckpointError naming the parameter when it has no Hugging Face counterpart.
+std::string hf_parameter_name(const std::string& name);
+
+/// Reorders the rows of a [heads·Dh, cols] tensor, head by head, from Meta's interleaved RoPE
+/// pairs (2j, 2j+1) to Hugging Face's rotate-half pairs (j, j + Dh/2): within a head, new row
+/// c·Dh/2 + j is old row 2j + c (the inverse of the permutation in transformers'
+/// convert_llama_weights_to_hf.py). Used for wq, wk (cols = D) and the Qwen3 q/k norms (cols = 1).
+/// `src` and the result are [rows·cols] float32, row-major. @throws std::invalid_argument when
+/// rows is not a multiple of an even head_dim.
+std::vector<float> permute_rope_rows(const std::vector<float>& src, int64_t rows, int64_t cols, int64_t head_dim);
+
+/// What export_safetensors wrote.
+struct ExportSummary {
+  int64_t tensors = 0;        ///< tensors in model.safetensors
+  int64_t bytes = 0;          ///< size of model.safetensors (bytes)
+  int64_t step = 0;           ///< the checkpoint's step
+  std::string architecture;   ///< "LlamaForCausalLM" or "Qwen3ForCausalLM"
+};
+
+/// Writes `out_dir`/model.safetensors and `out_dir`/config.json from checkpoint `path` (serial, no
+/// MPI): every /model/<name> dataset under its Hugging Face name in float32, wq / wk (and q/k
+/// norms) permuted for Hugging Face's rotary layout, config.json from /meta/model_args. The
+/// checkpoint's checksums are verified first. Each file is written as NAME.tmp, synced and renamed,
+/// so a failure leaves no partial export under the final names. Creates `out_dir` if missing.
+/// @throws CheckpointError naming the file: not a checkpoint, a failed checksum, a dataset that is
+/// not float32, a parameter with no Hugging Face counterpart, a write error.
+ExportSummary export_safetensors(const std::string& path, const std::string& out_dir);
+
+}  // namespace meshtrain
