@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <unordered_map>
 #include <stdexcept>
 
 #include "util/errors.hpp"
@@ -132,7 +133,7 @@ std::string all_gather_text(MPI_Comm world, const std::string& mine) {
 
 }  // namespace
 
-int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path) {
+std::vector<ChecksumRecord> read_checksum_records(hid_t file, const std::string& path) {
   Handle ds{-1, H5Dclose};
   H5E_BEGIN_TRY { ds.id = H5Dopen2(file, "/checksums", H5P_DEFAULT); }
   H5E_END_TRY;
@@ -144,34 +145,62 @@ int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path
     h5::fail(path, "cannot read dataset /checksums");
   std::istringstream lines(text);
   std::string line;
-  std::vector<float> host;
-  int64_t i = 0;
-  for (; std::getline(lines, line); ++i) {
-    if (i % size != rank) continue;
+  std::vector<ChecksumRecord> out;
+  while (std::getline(lines, line)) {
     std::istringstream f(line);
-    std::string name, start_s, count_s, hex;
-    if (!std::getline(f, name, '\t') || !std::getline(f, start_s, '\t') || !std::getline(f, count_s, '\t') ||
-        !std::getline(f, hex))
-      h5::fail(path, "malformed /checksums record " + std::to_string(i));
-    const std::vector<hsize_t> start = split(start_s), count = split(count_s);
-    Handle d{-1, H5Dclose};
-    H5E_BEGIN_TRY { d.id = H5Dopen2(file, name.c_str(), H5P_DEFAULT); }
-    H5E_END_TRY;
-    if (d.id < 0) h5::fail(path, "missing dataset " + name + " (listed in /checksums)");
-    hsize_t elems = 1;
-    for (hsize_t c : count) elems *= c;
-    host.resize(size_t(elems));
-    bool ok = false;
-    H5E_BEGIN_TRY { ok = transfer(d.id, start, count, host.data(), false); }
-    H5E_END_TRY;
-    if (!ok) h5::fail(path, "cannot read dataset " + name + " at [" + start_s + "] (truncated or corrupt file)");
-    char got[17];
-    std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(shard_hash(host)));
-    if (hex != got)
-      h5::fail(path, "dataset " + name + ": the shard at [" + start_s + "] + [" + count_s + "] fails its checksum (xxh3 " +
-                         got + ", written " + hex + "): corrupt checkpoint");
+    ChecksumRecord r;
+    std::string start_s, count_s;
+    if (!std::getline(f, r.dataset, '\t') || !std::getline(f, start_s, '\t') || !std::getline(f, count_s, '\t') ||
+        !std::getline(f, r.xxh3_hex))
+      h5::fail(path, "malformed /checksums record " + std::to_string(out.size()));
+    try {
+      r.start = split(start_s);
+      r.count = split(count_s);
+    } catch (const std::exception&) {
+      h5::fail(path, "malformed /checksums record " + std::to_string(out.size()));
+    }
+    out.push_back(std::move(r));
   }
-  return i;
+  return out;
+}
+
+namespace {
+
+std::string checksum_key(const std::string& dataset, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count) {
+  return dataset + "\t" + join(start) + "\t" + join(count);
+}
+
+void check_shard_hash(const ChecksumRecord& r, const std::vector<float>& host, const std::string& path) {
+  char got[17];
+  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(shard_hash(host)));
+  if (r.xxh3_hex != got)
+    h5::fail(path, "dataset " + r.dataset + ": the shard at [" + join(r.start) + "] + [" + join(r.count) +
+                       "] fails its checksum (xxh3 " + got + ", written " + r.xxh3_hex + "): corrupt checkpoint");
+}
+
+void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path, std::vector<float>& host) {
+  Handle d{-1, H5Dclose};
+  H5E_BEGIN_TRY { d.id = H5Dopen2(file, r.dataset.c_str(), H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (d.id < 0) h5::fail(path, "missing dataset " + r.dataset + " (listed in /checksums)");
+  hsize_t elems = 1;
+  for (hsize_t c : r.count) elems *= c;
+  host.resize(size_t(elems));
+  bool ok = false;
+  H5E_BEGIN_TRY { ok = transfer(d.id, r.start, r.count, host.data(), false); }
+  H5E_END_TRY;
+  if (!ok) h5::fail(path, "cannot read dataset " + r.dataset + " at [" + join(r.start) + "] (truncated or corrupt file)");
+  check_shard_hash(r, host, path);
+}
+
+}  // namespace
+
+int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path) {
+  const std::vector<ChecksumRecord> records = read_checksum_records(file, path);
+  std::vector<float> host;
+  for (size_t i = 0; i < records.size(); ++i)
+    if (int64_t(i) % size == rank) verify_record(file, records[i], path, host);
+  return int64_t(records.size());
 }
 
 void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vector<hsize_t>& start,
@@ -275,10 +304,16 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                            const std::vector<LocalShard>& shards, AdamW& opt) {
   TrainState state;
   std::string error;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_size(world, &size);
+  Handle file{-1, H5Fclose};
+  std::vector<ChecksumRecord> records;
+  std::vector<int> verified;  // per /checksums record: 1 once a rank has read and hashed exactly that hyperslab
+  std::vector<float> host;
   try {
     // Every rank opens the file read-only on its own (no collective requirements on reads). A
     // missing or non-HDF5 file becomes our message, not HDF5's error stack.
-    Handle file{-1, H5Fclose};
     H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
     H5E_END_TRY;
     if (file.id < 0) h5::fail(path, "cannot open as an HDF5 checkpoint (missing, truncated or not HDF5)");
@@ -301,6 +336,10 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       state.lr = h5::read_double_attr(g.id, "lr", path);
       state.seed = h5::read_int_attr(g.id, "seed", path);
     }
+    records = read_checksum_records(file.id, path);
+    std::unordered_map<std::string, size_t> by_key;
+    for (size_t i = 0; i < records.size(); ++i) by_key.emplace(checksum_key(records[i].dataset, records[i].start, records[i].count), i);
+    verified.assign(records.size(), 0);
     auto open_checked = [&](const std::string& name, const Parameter& p) {
       Handle ds{-1, H5Dclose};
       H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, name.c_str(), H5P_DEFAULT); }
@@ -314,21 +353,22 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                            ", the model needs " + shape_str(p.shape));
       return ds;
     };
-    std::vector<float> host;
     std::vector<hsize_t> start, count;
+    // A hyperslab read that is exactly a written shard (always so when resuming on the writer's
+    // layout) is verified from the bytes just read, so the common case reads the file once.
     auto read_into = [&](const std::string& name, const Parameter& p, const Tensor& dst, int64_t first_elem) {
       const int64_t n = dst.numel();
       if (n == 0) return;
       Handle ds = open_checked(name, p);
       shard_hyperslab(p, first_elem, n, start, count);
       host.resize(size_t(n));
-      if (!transfer(ds.id, start, count, host.data(), false)) h5::fail(path, "cannot read dataset " + name);
+      if (!transfer(ds.id, start, count, host.data(), false)) h5::fail(path, "cannot read dataset " + name + " (truncated or corrupt file)");
+      if (const auto it = by_key.find(checksum_key(name, start, count)); it != by_key.end()) {
+        check_shard_hash(records[it->second], host, path);
+        verified[it->second] = 1;
+      }
       dev.upload(dst, host.data(), size_t(n) * sizeof(float));
     };
-    int rank = 0, size = 1;
-    MPI_Comm_rank(world, &rank);
-    MPI_Comm_size(world, &size);
-    verify_checksums(file.id, rank, size, path);
     // Replicated parameters (DDP, ZeRO-1/2): every element of the tp slab; FSDP: the shard.
     if (model.flat_params().defined()) {
       for (Parameter* p : model.parameters()) read_into("/model/" + p->name, *p, p->value.reshape({p->value.numel()}), 0);
@@ -344,6 +384,18 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   } catch (const std::exception& e) {
     error = e.what();
   }
+  // Records no rank read whole (an elastic restart splits shards differently) are re-read, dealt
+  // round-robin. Every rank takes part in the collectives, whatever happened above.
+  int64_t n_records = error.empty() ? int64_t(records.size()) : -1, max_records = 0;
+  MPI_Allreduce(&n_records, &max_records, 1, MPI_INT64_T, MPI_MAX, world);
+  verified.resize(size_t(std::max<int64_t>(max_records, 0)), 0);
+  if (max_records > 0) MPI_Allreduce(MPI_IN_PLACE, verified.data(), int(max_records), MPI_INT, MPI_MAX, world);
+  if (error.empty()) try {
+      for (size_t i = 0, k = 0; i < records.size(); ++i)
+        if (!verified[i] && int64_t(k++) % size == rank) verify_record(file.id, records[i], path, host);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   agree(world, path, error);
   opt.set_step_count(state.optimizer_step);
   return state;

@@ -61,12 +61,26 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
 
 /// Reads `path` into the current layout: every local shard's parameter and AdamW-state
 /// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's
-/// whole tp slab), and AdamW's step count. Collective over `world`. Returns the train state.
+/// whole tp slab), and AdamW's step count. Every /checksums record is verified: from the bytes
+/// just read when a rank's read is exactly that shard (resuming on the writer's layout reads the
+/// file once), otherwise by a re-read dealt round-robin over `world`. Collective over `world`.
+/// Returns the train state.
 /// @throws CheckpointError naming the file and dataset: not a checkpoint, a model-only checkpoint,
 /// a missing dataset, a parameter of another global shape (another model), an unreadable
 /// hyperslab, a failed checksum.
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                            const std::vector<LocalShard>& shards, AdamW& opt);
+
+/// One line of /checksums: the XXH3-64 (16 hex digits) of hyperslab {start, count} of `dataset`.
+struct ChecksumRecord {
+  std::string dataset;
+  std::vector<hsize_t> start, count;
+  std::string xxh3_hex;
+};
+
+/// The records of /checksums in `file`. @throws CheckpointError naming `path`: no /checksums, a
+/// malformed record.
+std::vector<ChecksumRecord> read_checksum_records(hid_t file, const std::string& path);
 
 /// Re-reads the shards that /checksums of the open checkpoint `file` lists — those with record
 /// index % size == rank — and compares their XXH3-64 with the recorded value. Returns the number

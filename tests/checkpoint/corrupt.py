@@ -3,7 +3,8 @@
 each case damages a copy of the folder and resumes from it.
 
 - a flipped byte inside one shard's data: refused (status 2, one line naming the file, the
-  dataset and the checksum);
+  dataset and the checksum), on the writer's layout (checked on the read path) and on TP 2 x FSDP 2
+  (checked by the re-read of shards no rank read whole);
 - a truncated file: refused, naming the file;
 - a checkpoint of another model shape: refused, naming the dataset and both shapes;
 - `latest` naming a missing file: refused, naming the pointer;
@@ -85,6 +86,10 @@ def main():
         os.remove(os.path.join(ck, step6))
 
     case("flipped_byte", flip_byte, [], 2,
+         [step6, "dataset /model/layers.0.attention.wq.weight", "fails its checksum"])
+    # Read on another layout (TP 2 x FSDP 2: no read is a whole written shard), the damaged shard is
+    # caught by the round-robin re-read instead of the read path.
+    case("flipped_byte_elastic", flip_byte, ["--parallelism.tensor_parallel_degree=2"], 2,
          [step6, "dataset /model/layers.0.attention.wq.weight", "fails its checksum"])
     case("truncated", truncate, [], 2, [step6])
     case("other_model", lambda ck: None, ["--model.dim=32"], 2,
