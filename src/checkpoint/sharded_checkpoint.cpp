@@ -1,6 +1,12 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdlib>
 #include <map>
 #include <unordered_map>
@@ -193,6 +199,48 @@ void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path,
   check_shard_hash(r, host, path);
 }
 
+// Hands byte ranges of a file to the kernel (POSIX_FADV_WILLNEED), in order, from a thread of
+// its own, staying at most kWindow bytes ahead of the range being read: the page cache fills
+// while the reading thread is busy hashing and placing the previous shard. The advice call can
+// block while it submits I/O, hence the thread. Purely a hint: failures are ignored.
+class Prefetcher {
+ public:
+  static constexpr int64_t kWindow = int64_t(256) << 20;
+
+  Prefetcher(const std::string& path, const std::vector<std::pair<off_t, off_t>>& ranges)
+      : ranges_(ranges), fd_(::open(path.c_str(), O_RDONLY)) {
+    prefix_.push_back(0);
+    for (const auto& r : ranges_) prefix_.push_back(prefix_.back() + r.second);
+    if (fd_ >= 0) thread_ = std::thread([this] { run(); });
+  }
+  ~Prefetcher() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  /// The reader has moved on to range k.
+  void reading(size_t k) { reading_ = k; }
+
+ private:
+  void run() {
+    for (size_t j = 0; j < ranges_.size() && !stop_; ++j) {
+      while (!stop_ && prefix_[j] - prefix_[std::min<size_t>(reading_, j)] > kWindow)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (ranges_[j].second > 0) ::posix_fadvise(fd_, ranges_[j].first, ranges_[j].second, POSIX_FADV_WILLNEED);
+    }
+  }
+
+  const std::vector<std::pair<off_t, off_t>>& ranges_;
+  std::vector<int64_t> prefix_;  // bytes of ranges [0, j)
+  int fd_;
+  std::atomic<size_t> reading_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 int64_t verify_checksums(hid_t file, int rank, int size, const std::string& path) {
@@ -353,33 +401,64 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                            ", the model needs " + shape_str(p.shape));
       return ds;
     };
-    std::vector<hsize_t> start, count;
-    // A hyperslab read that is exactly a written shard (always so when resuming on the writer's
-    // layout) is verified from the bytes just read, so the common case reads the file once.
-    auto read_into = [&](const std::string& name, const Parameter& p, const Tensor& dst, int64_t first_elem) {
-      const int64_t n = dst.numel();
-      if (n == 0) return;
-      Handle ds = open_checked(name, p);
-      shard_hyperslab(p, first_elem, n, start, count);
+    // The plan, in file order — the writer allocated each parameter's value, exp_avg and exp_avg_sq
+    // one after the other — so the reads move forward through the file. Replicated parameters
+    // (DDP, ZeRO-1/2) read every element of the tp slab; FSDP the shard.
+    struct Read {
+      std::string name;
+      const Parameter* p;
+      Tensor dst;
+      int64_t first_elem;
+    };
+    std::vector<Read> plan;
+    const bool replicated = model.flat_params().defined();
+    std::unordered_map<const Parameter*, std::vector<size_t>> shards_of;
+    for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].param].push_back(i);
+    for (Parameter* p : model.parameters()) {
+      if (replicated) plan.push_back({"/model/" + p->name, p, p->value.reshape({p->value.numel()}), 0});
+      for (size_t i : shards_of[p]) {
+        const LocalShard& ls = shards[i];
+        const int64_t n = ls.value.numel();
+        if (!replicated) plan.push_back({"/model/" + p->name, p, ls.value, ls.first_elem});
+        plan.push_back({state_name(*p, "exp_avg"), p, opt.exp_avg().view({n}, opt.offset(i)), ls.first_elem});
+        plan.push_back({state_name(*p, "exp_avg_sq"), p, opt.exp_avg_sq().view({n}, opt.offset(i)), ls.first_elem});
+      }
+    }
+    std::erase_if(plan, [](const Read& r) { return r.dst.numel() == 0; });
+    // Every dataset is opened (its header read) before any data; a Prefetcher then keeps the
+    // disk streaming the next reads' byte ranges while this thread hashes and places a shard.
+    std::vector<Handle> datasets;
+    std::vector<std::vector<hsize_t>> starts(plan.size()), counts(plan.size());
+    std::vector<std::pair<off_t, off_t>> ranges(plan.size(), {0, 0});
+    for (size_t k = 0; k < plan.size(); ++k) {
+      const Read& r = plan[k];
+      datasets.push_back(open_checked(r.name, *r.p));
+      shard_hyperslab(*r.p, r.first_elem, r.dst.numel(), starts[k], counts[k]);
+      const haddr_t base = H5Dget_offset(datasets.back().id);  // contiguous layout: where the data starts
+      if (base == HADDR_UNDEF) continue;
+      int64_t first = 0, last = 0, stride = 1;  // row-major element indices of the slab's corners
+      for (size_t d = r.p->shape.size(); d-- > 0;) {
+        first += int64_t(starts[k][d]) * stride;
+        last += int64_t(starts[k][d] + counts[k][d] - 1) * stride;
+        stride *= r.p->shape[d];
+      }
+      ranges[k] = {off_t(base + hsize_t(first) * sizeof(float)), off_t((last - first + 1) * int64_t(sizeof(float)))};
+    }
+    Prefetcher prefetch(path, ranges);
+    for (size_t k = 0; k < plan.size(); ++k) {
+      prefetch.reading(k);
+      const Read& r = plan[k];
+      const int64_t n = r.dst.numel();
       host.resize(size_t(n));
-      if (!transfer(ds.id, start, count, host.data(), false)) h5::fail(path, "cannot read dataset " + name + " (truncated or corrupt file)");
-      if (const auto it = by_key.find(checksum_key(name, start, count)); it != by_key.end()) {
+      if (!transfer(datasets[k].id, starts[k], counts[k], host.data(), false))
+        h5::fail(path, "cannot read dataset " + r.name + " (truncated or corrupt file)");
+      // A read that is exactly a written shard (always so when resuming on the writer's layout)
+      // is verified from the bytes just read, so the common case reads the file once.
+      if (const auto it = by_key.find(checksum_key(r.name, starts[k], counts[k])); it != by_key.end()) {
         check_shard_hash(records[it->second], host, path);
         verified[it->second] = 1;
       }
-      dev.upload(dst, host.data(), size_t(n) * sizeof(float));
-    };
-    // Replicated parameters (DDP, ZeRO-1/2): every element of the tp slab; FSDP: the shard.
-    if (model.flat_params().defined()) {
-      for (Parameter* p : model.parameters()) read_into("/model/" + p->name, *p, p->value.reshape({p->value.numel()}), 0);
-    } else {
-      for (const LocalShard& ls : shards) read_into("/model/" + ls.param->name, *ls.param, ls.value, ls.first_elem);
-    }
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const LocalShard& ls = shards[i];
-      const int64_t n = ls.value.numel();
-      read_into(state_name(*ls.param, "exp_avg"), *ls.param, opt.exp_avg().view({n}, opt.offset(i)), ls.first_elem);
-      read_into(state_name(*ls.param, "exp_avg_sq"), *ls.param, opt.exp_avg_sq().view({n}, opt.offset(i)), ls.first_elem);
+      dev.upload(r.dst, host.data(), size_t(n) * sizeof(float));
     }
   } catch (const std::exception& e) {
     error = e.what();
