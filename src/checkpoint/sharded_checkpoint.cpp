@@ -176,9 +176,9 @@ std::string checksum_key(const std::string& dataset, const std::vector<hsize_t>&
   return dataset + "\t" + join(start) + "\t" + join(count);
 }
 
-void check_shard_hash(const ChecksumRecord& r, const std::vector<float>& host, const std::string& path) {
+void check_shard_hash(const ChecksumRecord& r, const float* data, size_t n, const std::string& path) {
   char got[17];
-  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(shard_hash(host)));
+  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, n * sizeof(float))));
   if (r.xxh3_hex != got)
     h5::fail(path, "dataset " + r.dataset + ": the shard at [" + join(r.start) + "] + [" + join(r.count) +
                        "] fails its checksum (xxh3 " + got + ", written " + r.xxh3_hex + "): corrupt checkpoint");
@@ -196,7 +196,7 @@ void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path,
   H5E_BEGIN_TRY { ok = transfer(d.id, r.start, r.count, host.data(), false); }
   H5E_END_TRY;
   if (!ok) h5::fail(path, "cannot read dataset " + r.dataset + " at [" + join(r.start) + "] (truncated or corrupt file)");
-  check_shard_hash(r, host, path);
+  check_shard_hash(r, host.data(), host.size(), path);
 }
 
 // Hands byte ranges of a file to the kernel (POSIX_FADV_WILLNEED), in order, from a thread of
@@ -448,17 +448,20 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     for (size_t k = 0; k < plan.size(); ++k) {
       prefetch.reading(k);
       const Read& r = plan[k];
-      const int64_t n = r.dst.numel();
-      host.resize(size_t(n));
-      if (!transfer(datasets[k].id, starts[k], counts[k], host.data(), false))
+      const size_t n = size_t(r.dst.numel());
+      // Host-memory devices are read into directly; others through the staging buffer.
+      float* dst = static_cast<float*>(dev.host_address(r.dst));
+      if (!dst) host.resize(n);
+      float* buf = dst ? dst : host.data();
+      if (!transfer(datasets[k].id, starts[k], counts[k], buf, false))
         h5::fail(path, "cannot read dataset " + r.name + " (truncated or corrupt file)");
       // A read that is exactly a written shard (always so when resuming on the writer's layout)
       // is verified from the bytes just read, so the common case reads the file once.
       if (const auto it = by_key.find(checksum_key(r.name, starts[k], counts[k])); it != by_key.end()) {
-        check_shard_hash(records[it->second], host, path);
+        check_shard_hash(records[it->second], buf, n, path);
         verified[it->second] = 1;
       }
-      dev.upload(r.dst, host.data(), size_t(n) * sizeof(float));
+      if (!dst) dev.upload(r.dst, buf, n * sizeof(float));
     }
   } catch (const std::exception& e) {
     error = e.what();

@@ -43,6 +43,10 @@ class Device {
   virtual void upload(const Tensor& dst, const void* host, size_t bytes) = 0;
   /// Copies `bytes` of src into host memory.
   virtual void download(void* host, const Tensor& src, size_t bytes) = 0;
+  /// The host address of t's first element when this device's memory is host memory (CPU), so
+  /// file I/O can read into or write from it without a staging copy; nullptr when it is not
+  /// (CUDA), and callers then stage through upload / download.
+  virtual void* host_address(const Tensor& t) { return (void)t, nullptr; }
 
   // ---- dense algebra ----
   /// C[M, N] = alpha · op(A) · op(B) + beta · C, with op(X) = X or Xᵀ; A, B, C 2-D.

@@ -18,6 +18,7 @@ class CpuDevice final : public Device {
 
   void upload(const Tensor& dst, const void* host, size_t bytes) override;
   void download(void* host, const Tensor& src, size_t bytes) override;
+  void* host_address(const Tensor& t) override { return t.raw(); }
   void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
               float beta) override;
   void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out, int64_t vocab_start,
