@@ -2,3 +2,4 @@
 meshtrain_test(test_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_kernels.cpp LIBS meshtrain_device)
 meshtrain_test(test_model SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_model.cpp LIBS meshtrain_graph)
 meshtrain_test(test_optim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_optim.cpp LIBS meshtrain_optim)
+meshtrain_test(test_safetensors_export SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_safetensors_export.cpp LIBS meshtrain_checkpoint)
