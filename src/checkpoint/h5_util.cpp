@@ -32,30 +32,32 @@ void write_attr(hid_t loc, const char* name, const std::string& value, const std
   write_scalar(loc, name, type.id, &c, path);
 }
 
-int64_t read_int_attr(hid_t loc, const char* name, const std::string& path) {
+namespace {
+void read_scalar(hid_t loc, const char* name, hid_t type, void* value, const std::string& path) {
   if (H5Aexists(loc, name) <= 0) fail(path, std::string("missing attribute ") + name);
   Handle a{H5Aopen(loc, name, H5P_DEFAULT), H5Aclose};
+  if (a.id < 0 || H5Aread(a.id, type, value) < 0) fail(path, std::string("cannot read attribute ") + name);
+}
+}  // namespace
+
+int64_t read_int_attr(hid_t loc, const char* name, const std::string& path) {
   int64_t v = 0;
-  if (a.id < 0 || H5Aread(a.id, H5T_NATIVE_INT64, &v) < 0) fail(path, std::string("cannot read attribute ") + name);
+  read_scalar(loc, name, H5T_NATIVE_INT64, &v, path);
   return v;
 }
 
 double read_double_attr(hid_t loc, const char* name, const std::string& path) {
-  if (H5Aexists(loc, name) <= 0) fail(path, std::string("missing attribute ") + name);
-  Handle a{H5Aopen(loc, name, H5P_DEFAULT), H5Aclose};
   double v = 0;
-  if (a.id < 0 || H5Aread(a.id, H5T_NATIVE_DOUBLE, &v) < 0) fail(path, std::string("cannot read attribute ") + name);
+  read_scalar(loc, name, H5T_NATIVE_DOUBLE, &v, path);
   return v;
 }
 
 std::string read_string_attr(hid_t loc, const char* name, const std::string& path) {
-  if (H5Aexists(loc, name) <= 0) fail(path, std::string("missing attribute ") + name);
-  Handle a{H5Aopen(loc, name, H5P_DEFAULT), H5Aclose};
   Handle type{H5Tcopy(H5T_C_S1), H5Tclose};
   H5Tset_size(type.id, H5T_VARIABLE);
   H5Tset_cset(type.id, H5T_CSET_UTF8);
   char* c = nullptr;
-  if (a.id < 0 || H5Aread(a.id, type.id, &c) < 0) fail(path, std::string("cannot read attribute ") + name);
+  read_scalar(loc, name, type.id, &c, path);
   std::string out = c ? c : "";
   H5free_memory(c);
   return out;

@@ -46,10 +46,27 @@ void write_all(std::FILE* f, const void* bytes, size_t n, const std::string& pat
   if (n && std::fwrite(bytes, 1, n, f) != n) h5::fail(path, "write failed (disk full?)");
 }
 
-// Flushes, fsyncs and closes `f`, then renames tmp → path (a reader never sees a partial file).
-void publish(std::FILE* f, const std::string& tmp, const std::string& path) {
+// Writes tmp with `fill(f)`, then flushes, fsyncs and closes it; on any failure removes tmp and
+// throws naming it. Renaming into place is the caller's, once every output is complete.
+template <class Fill>
+void write_synced(const std::string& tmp, Fill fill) {
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) h5::fail(tmp, "cannot create");
+  try {
+    fill(f);
+  } catch (...) {
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
   const bool ok = std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  if (std::fclose(f) != 0 || !ok) h5::fail(tmp, "flush / sync failed (disk full?)");
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    h5::fail(tmp, "flush / sync failed (disk full?)");
+  }
+}
+
+void rename_into_place(const std::string& tmp, const std::string& path) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) h5::fail(path, "cannot rename from " + tmp + ": " + ec.message());
@@ -190,8 +207,8 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
   for (size_t i = 0; i < entries.size(); ++i) {
     try {
       order[hf_parameter_name(entries[i].name)] = i;
-    } catch (const CheckpointError& e) {
-      h5::fail(path, std::string("/model/") + e.what());
+    } catch (const CheckpointError&) {
+      h5::fail(path, "dataset /model/" + entries[i].name + " has no Hugging Face counterpart");
     }
   }
   nlohmann::json header = nlohmann::json::object();
@@ -212,10 +229,10 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) h5::fail(out_dir, "cannot create the export folder: " + ec.message());
-  const std::string st_path = (std::filesystem::path(out_dir) / "model.safetensors").string(), st_tmp = st_path + ".tmp";
-  std::FILE* f = std::fopen(st_tmp.c_str(), "wb");
-  if (!f) h5::fail(st_tmp, "cannot create");
-  try {
+  const std::filesystem::path dir(out_dir);
+  const std::string st_path = (dir / "model.safetensors").string(), st_tmp = st_path + ".tmp";
+  const std::string cfg_path = (dir / "config.json").string(), cfg_tmp = cfg_path + ".tmp";
+  write_synced(st_tmp, [&](std::FILE* f) {
     static_assert(std::endian::native == std::endian::little, "safetensors stores little-endian u64 and float32");
     const uint64_t header_len = text.size();
     write_all(f, &header_len, sizeof header_len, st_tmp);
@@ -238,27 +255,19 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
       }
       write_all(f, host.data(), host.size() * sizeof(float), st_tmp);
     }
+  });
+  const std::string cfg_text = config.dump(2) + "\n";
+  try {
+    write_synced(cfg_tmp, [&](std::FILE* f) { write_all(f, cfg_text.data(), cfg_text.size(), cfg_tmp); });
   } catch (...) {
-    std::fclose(f);
     std::remove(st_tmp.c_str());
     throw;
   }
-  publish(f, st_tmp, st_path);
+  // Both files are complete and synced before either takes its final name.
+  rename_into_place(st_tmp, st_path);
+  rename_into_place(cfg_tmp, cfg_path);
   summary.tensors = int64_t(order.size());
   summary.bytes = int64_t(sizeof(uint64_t) + text.size() + offset);
-
-  const std::string cfg_path = (std::filesystem::path(out_dir) / "config.json").string(), cfg_tmp = cfg_path + ".tmp";
-  std::FILE* c = std::fopen(cfg_tmp.c_str(), "wb");
-  if (!c) h5::fail(cfg_tmp, "cannot create");
-  const std::string cfg_text = config.dump(2) + "\n";
-  try {
-    write_all(c, cfg_text.data(), cfg_text.size(), cfg_tmp);
-  } catch (...) {
-    std::fclose(c);
-    std::remove(cfg_tmp.c_str());
-    throw;
-  }
-  publish(c, cfg_tmp, cfg_path);
   return summary;
 }
 

@@ -2,24 +2,21 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdlib>
 #include <map>
-#include <unordered_map>
-#include <stdexcept>
-
-#include "util/errors.hpp"
-
-#include <xxhash.h>
-
 #include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
+#include "util/errors.hpp"
 
 namespace meshtrain {
 
@@ -112,15 +109,17 @@ std::vector<hsize_t> split(const std::string& s) {
   return out;
 }
 
-// XXH3-64 of a shard's bytes as stored (float32, little-endian).
-uint64_t shard_hash(const std::vector<float>& host) { return XXH3_64bits(host.data(), host.size() * sizeof(float)); }
+// XXH3-64 of a shard's n floats as stored (float32, little-endian), as 16 hex digits.
+std::string shard_hash_hex(const float* data, size_t n) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, n * sizeof(float))));
+  return hex;
+}
 
 // One line per written hyperslab: "dataset<TAB>start<TAB>count<TAB>xxh3 hex".
 std::string checksum_line(const std::string& name, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count,
-                          uint64_t hash) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return name + "\t" + join(start) + "\t" + join(count) + "\t" + hex + "\n";
+                          const std::string& hash_hex) {
+  return name + "\t" + join(start) + "\t" + join(count) + "\t" + hash_hex + "\n";
 }
 
 // Every rank's text, concatenated in rank order, on every rank.
@@ -177,8 +176,7 @@ std::string checksum_key(const std::string& dataset, const std::vector<hsize_t>&
 }
 
 void check_shard_hash(const ChecksumRecord& r, const float* data, size_t n, const std::string& path) {
-  char got[17];
-  std::snprintf(got, sizeof got, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, n * sizeof(float))));
+  const std::string got = shard_hash_hex(data, n);
   if (r.xxh3_hex != got)
     h5::fail(path, "dataset " + r.dataset + ": the shard at [" + join(r.start) + "] + [" + join(r.count) +
                        "] fails its checksum (xxh3 " + got + ", written " + r.xxh3_hex + "): corrupt checkpoint");
@@ -284,7 +282,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       h5::write_attr(g.id, "meshtrain_version", std::string(MESHTRAIN_VERSION), path);
       h5::write_attr(g.id, "seq_len", meta.seq_len, path);
       h5::write_attr(g.id, "model_only", int64_t(meta.model_only), path);
-      h5::Handle args{H5Gcreate2(g.id, "model_args", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+      Handle args{H5Gcreate2(g.id, "model_args", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
       write_model_args(args.id, model.args(), path);
     }
     {
@@ -328,7 +326,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
           error = path + ": cannot write dataset " + name;
           break;
         }
-        checksums += checksum_line(name, start, count, shard_hash(host));
+        checksums += checksum_line(name, start, count, shard_hash_hex(host.data(), host.size()));
         die_if_injected(world, state.step);
       }
     }

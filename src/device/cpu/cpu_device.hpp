@@ -4,7 +4,20 @@
 /// bitwise reproducible for a given thread count.
 #include "device/device.hpp"
 
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
 namespace meshtrain {
+
+/// Throws std::out_of_range("<what> id <id> outside vocab <vocab_size>") for the first of
+/// ids[0, n) outside [0, vocab_size) (token ids of the embedding, target ids of the losses).
+inline void check_vocab_ids(const int32_t* ids, int64_t n, int64_t vocab_size, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      throw std::out_of_range(std::string(what) + " id " + std::to_string(ids[i]) + " outside vocab " +
+                              std::to_string(vocab_size));
+}
 
 class CpuDevice final : public Device {
  public:

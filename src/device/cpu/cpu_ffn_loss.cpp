@@ -53,9 +53,7 @@ double CpuDevice::cross_entropy(const Tensor& logits, const Tensor& targets, con
   const float* lp = logits.f32();
   const int32_t* tp = targets.i32();
   float* dp = dlogits.defined() ? dlogits.f32() : nullptr;
-  for (int64_t i = 0; i < n; ++i)
-    if (tp[i] < 0 || tp[i] >= v)
-      throw std::out_of_range("target id " + std::to_string(tp[i]) + " outside vocab " + std::to_string(v));
+  check_vocab_ids(tp, n, v, "target");
   std::vector<double> row_loss(n);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -79,9 +77,7 @@ void CpuDevice::cross_entropy_partial(const Tensor& logits, const Tensor& target
   const float* lp = logits.f32();
   const int32_t* tp = targets.i32();
   float* st = stats.f32();
-  for (int64_t i = 0; i < n; ++i)
-    if (tp[i] < 0 || tp[i] >= vocab_size)
-      throw std::out_of_range("target id " + std::to_string(tp[i]) + " outside vocab " + std::to_string(vocab_size));
+  check_vocab_ids(tp, n, vocab_size, "target");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* x = lp + i * v;

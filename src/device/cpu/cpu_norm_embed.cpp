@@ -17,9 +17,7 @@ void CpuDevice::embedding_forward(const Tensor& weight, const Tensor& tokens, co
   const int32_t* tok = tokens.i32();
   const float* w = weight.f32();
   float* o = out.f32();
-  for (int64_t i = 0; i < n; ++i)
-    if (tok[i] < 0 || tok[i] >= vocab_size)
-      throw std::out_of_range("token id " + std::to_string(tok[i]) + " outside vocab " + std::to_string(vocab_size));
+  check_vocab_ids(tok, n, vocab_size, "token");
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = int64_t(tok[i]) - vocab_start;
