@@ -5,8 +5,9 @@ JOBS ?= $(shell nproc)
 NP ?= $(shell nproc)
 DECK ?= inputs/llama3_debug.toml
 CORPUS_H5 ?= data/brown.h5
+PYTHON ?= python3
 
-.PHONY: all deps deps-test deps-run build test run corpus clean bench
+.PHONY: all deps deps-test deps-run build test run corpus clean bench bundle bundle-check gpu-bench
 
 all: build
 
@@ -37,6 +38,21 @@ run: deps-run build corpus
 
 bench: build
 	/usr/bin/python3 perf/cpu_step_bench.py
+
+# Relocatable tarball for GPU nodes: $(BUILD_DIR)/meshtrain-bundle-<version>-<commit>.tar.gz
+# (scripts/make-bundle.sh; BUNDLE_CUDA_LIBS=0 leaves cudart/cuBLAS/NCCL to the node's toolkit).
+bundle: build
+	scripts/make-bundle.sh $(BUILD_DIR)
+
+# Unpacks the newest bundle and runs it with an empty environment (and, as root, in a mount
+# namespace without the system's Open MPI and libraries): scripts/check-bundle.sh.
+bundle-check: bundle
+	scripts/check-bundle.sh "$$(ls -t $(BUILD_DIR)/meshtrain-bundle-*.tar.gz | head -1)"
+
+# One-GPU benchmark: meshtrain vs PyTorch eager and torch.compile on the Llama 3.2 1B shape
+# (perf/gpu_step_bench.py; needs a CUDA build and a GPU).
+gpu-bench: build
+	$(PYTHON) perf/gpu_step_bench.py --build $(BUILD_DIR) $(ARGS)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -8,12 +8,19 @@ Conventions shared with meshtrain (doc/checkpoint-format.md):
   freq_j = theta^(-2j/Dh), with Llama 3.1 scaling when enabled.
 - Attention is causal with scale 1/sqrt(Dh); query head h reads kv head h // (Hq / Hkv).
 - Loss is the mean cross-entropy over all B*T targets.
+
+The same model serves perf/torch_llama.py (the PyTorch side of perf/gpu_step_bench.py): there it
+runs on a GPU with float32 master weights and a bfloat16 `compute_dtype` (meshtrain's mixed
+precision), and `attention="sdpa"` (torch.nn.functional.scaled_dot_product_attention, causal).
 """
 import math
 
-import h5py
-import numpy as np
 import torch
+
+try:
+    import numpy as np
+except ImportError:  # perf/torch_llama.py passes tensors only; a GPU node's Python may lack numpy
+    np = None
 
 
 def rope_frequencies(args):
@@ -38,6 +45,8 @@ def rope_frequencies(args):
 
 
 def rms_norm(x, w, eps):
+    if x.dtype in (torch.bfloat16, torch.float16):  # statistics in float32, result in x's dtype
+        return rms_norm(x.float(), w.float(), eps).to(x.dtype)
     return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
 
 
@@ -52,23 +61,40 @@ def apply_rope(x, cos, sin):
 
 
 class LlamaReference:
-    """Holds parameters as leaf tensors (requires_grad) and computes the loss of a batch."""
+    """Holds parameters as leaf tensors (requires_grad) and computes the loss of a batch.
 
-    def __init__(self, args, params, dtype=torch.float64):
+    params: name -> array or tensor (Meta names, [out, in] weights); kept as `dtype` on `device`.
+    compute_dtype: when set (torch.bfloat16), forward and backward use a copy of every parameter
+    in that dtype, activations stay in it, and the logits return to `dtype` for the loss; the
+    gradients reach the `dtype` leaves through the casts (master weights, as in meshtrain).
+    """
+
+    def __init__(self, args, params, dtype=torch.float64, device="cpu", compute_dtype=None):
         self.args = args
-        self.params = {k: torch.tensor(np.asarray(v), dtype=dtype, requires_grad=True) for k, v in params.items()}
+        self.params = {k: (v.detach().to(device=device, dtype=dtype) if isinstance(v, torch.Tensor)
+                           else torch.tensor(np.asarray(v), dtype=dtype, device=device)).requires_grad_()
+                       for k, v in params.items()}
         self.dtype = dtype
+        self.compute_dtype = compute_dtype
 
-    def loss(self, tokens):
-        a, p = self.args, self.params
-        tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long)
+    def loss(self, tokens, attention="einsum"):
+        """Mean cross-entropy of tokens [B, T+1] (array or tensor). attention: "einsum" (scores
+        materialized, the checks' float64 path) or "sdpa" (scaled_dot_product_attention)."""
+        a = self.args
+        p = self.params
+        if self.compute_dtype is not None:
+            p = {k: v.to(self.compute_dtype) for k, v in p.items()}
+        dev = self.params["tok_embeddings.weight"].device
+        tokens = (tokens.to(device=dev, dtype=torch.long) if isinstance(tokens, torch.Tensor)
+                  else torch.as_tensor(np.asarray(tokens), dtype=torch.long, device=dev))
         inp, tgt = tokens[:, :-1], tokens[:, 1:]
         b, t = inp.shape
         hq, hkv, dh = a["n_heads"], a["n_kv_heads"], a["head_dim"]
-        pos = torch.arange(t, dtype=self.dtype)[:, None]
-        ang = pos * torch.tensor(rope_frequencies(a), dtype=self.dtype)[None, :]
+        pos = torch.arange(t, dtype=self.dtype, device=dev)[:, None]
+        ang = pos * torch.tensor(rope_frequencies(a), dtype=self.dtype, device=dev)[None, :]
         cos, sin = torch.cos(ang), torch.sin(ang)
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        if attention == "einsum":
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=dev), diagonal=1)
         h = p["tok_embeddings.weight"][inp]
         for i in range(a["n_layers"]):
             pre = f"layers.{i}."
@@ -83,9 +109,14 @@ class LlamaReference:
             rep = hq // hkv
             k = k.repeat_interleave(rep, dim=2)
             v = v.repeat_interleave(rep, dim=2)
-            scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(dh)
-            scores = scores.masked_fill(mask, float("-inf"))
-            o = torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), v).reshape(b, t, hq * dh)
+            if attention == "sdpa":  # [B, H, T, Dh]; causal, scale 1/sqrt(Dh)
+                o = torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+                o = o.transpose(1, 2).reshape(b, t, hq * dh)
+            else:
+                scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(dh)
+                scores = scores.masked_fill(mask, float("-inf"))
+                o = torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), v).reshape(b, t, hq * dh)
             h = h + o @ p[pre + "attention.wo.weight"].T
             x = rms_norm(h, p[pre + "ffn_norm.weight"], a["norm_eps"])
             g = x @ p[pre + "feed_forward.w1.weight"].T
@@ -93,7 +124,7 @@ class LlamaReference:
             h = h + (torch.nn.functional.silu(g) * u) @ p[pre + "feed_forward.w2.weight"].T
         x = rms_norm(h, p["norm.weight"], a["norm_eps"])
         out_w = p["tok_embeddings.weight"] if a.get("tie_word_embeddings") else p["output.weight"]
-        logits = x @ out_w.T
+        logits = (x @ out_w.T).to(self.dtype)
         return torch.nn.functional.cross_entropy(logits.reshape(b * t, -1), tgt.reshape(-1))
 
 
@@ -104,6 +135,8 @@ ARG_NAMES = ["dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size
 
 def load_dump(path):
     """Returns (args, params, grads, tokens, loss) from a meshtrain model dump (grads/tokens/loss may be None)."""
+    import h5py  # here, not at the top: perf/torch_llama.py imports this module where h5py may be missing
+
     with h5py.File(path, "r") as f:
         args = {}
         for k in ARG_NAMES:

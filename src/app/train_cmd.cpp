@@ -61,6 +61,7 @@ int cmd_train(int argc, char** argv) {
                                               cfg.topology.allow_cross_node_tp);
         store = std::make_unique<TokenStore>(cfg.training.dataset);
         check_dataset(cfg, *store);
+        check_device(cfg);
       }))
     return kExitConfig;
   MpiCommunicator world(MPI_COMM_WORLD, "world");

@@ -179,12 +179,9 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
              str(parallelism.zero_stage) + " (parameters stay replicated)");
   if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
-  if (training.mixed_precision_param != "float32")
+  if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")
     fail(*this, "training.mixed_precision_param",
-         "'" + training.mixed_precision_param + "' parameters are not implemented yet (the CPU backend computes in float32)");
-  if (training.mixed_precision_reduce != "float32")
-    fail(*this, "training.mixed_precision_reduce",
-         "'" + training.mixed_precision_reduce + "' gradient reduction is not implemented yet (the CPU backend reduces in float32)");
+         "bfloat16 needs [training] device = \"cuda\" (the cpu device is the float32 reference)");
   const std::string& opt = activation_checkpoint.selective_ac_option;
   if (activation_checkpoint.mode == "selective" && opt == "op")
     fail(*this, "activation_checkpoint.selective_ac_option",

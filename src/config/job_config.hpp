@@ -57,8 +57,9 @@ struct TrainingSection {
   double max_norm = 1.0;                  ///< global gradient-norm clip; <= 0 disables
   int64_t steps = 10000;
   int64_t seed = 0;
-  std::string mixed_precision_param = "float32";   ///< float32 on CPU; bfloat16 is the CUDA issue
-  std::string mixed_precision_reduce = "float32";
+  std::string device = "cpu";                     ///< cpu (fp32 reference) | cuda (one GPU per rank)
+  std::string mixed_precision_param = "float32";   ///< forward/backward dtype: float32 | bfloat16 (cuda)
+  std::string mixed_precision_reduce = "float32";  ///< gradient reduction dtype: float32 | bfloat16
 };
 
 /// [parallelism]: mesh degrees (outer to inner: pp, dp_replicate, dp_shard, cp, tp).

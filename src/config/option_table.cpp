@@ -214,10 +214,17 @@ std::vector<Option> build_option_table() {
     s.real("max_norm", &TrainingSection::max_norm, "global gradient-norm clip (<= 0 disables clipping)");
     s.integer("steps", &TrainingSection::steps, "optimizer steps", 1);
     s.integer("seed", &TrainingSection::seed, "seed of initialization and sample order", 0);
+    s.str("device", &TrainingSection::device,
+          "where each rank computes: cpu (fp32 reference, OpenBLAS) or cuda (one GPU per rank, node-local rank "
+          "modulo the visible GPUs)",
+          {"cpu", "cuda"});
     s.str("mixed_precision_param", &TrainingSection::mixed_precision_param,
-          "parameter dtype in forward and backward (bfloat16: CUDA backend, not implemented yet)", {"float32", "bfloat16"});
+          "parameter and activation dtype in forward and backward; master weights and AdamW state stay float32 "
+          "(bfloat16 needs device = cuda)",
+          {"float32", "bfloat16"});
     s.str("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
-          "gradient reduction dtype (bfloat16: CUDA backend, not implemented yet)", {"float32", "bfloat16"});
+          "dtype in which data-parallel gradients are reduced (summed into float32 gradients either way)",
+          {"float32", "bfloat16"});
   }
   {
     Section<ParallelismSection> s{o, "parallelism", &JobConfig::parallelism};

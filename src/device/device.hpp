@@ -3,7 +3,9 @@
 /// kernel family. CpuDevice (fp32, OpenBLAS, OpenMP) is the reference; CudaDevice (bf16 + fp32
 /// master, cuBLASLt, own kernels) implements the same interface. Code above device/ never
 /// branches on the backend. Unless stated, tensors are f32, contiguous, and outputs are
-/// overwritten; "accumulates" means += into the output.
+/// overwritten; "accumulates" means += into the output. The CUDA backend also accepts bf16 for
+/// activations and parameter values (see cuda_device.hpp); statistics, optimizer state and
+/// accumulated gradients are f32 on every backend.
 #include <memory>
 #include <string>
 
@@ -71,6 +73,16 @@ class Device {
   /// dx[N, D] overwritten; dw[D] accumulates.
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                 const Tensor& dx, const Tensor& dw) = 0;
+  /// The residual add fused with the RMSNorm that follows it (a transformer block's
+  /// h = x + attention(…); ffn_norm(h)): h += delta in place, then y = rmsnorm(h) · w exactly as
+  /// rmsnorm_forward (rstd saved). h, delta, y [N, D]; w [D]; rstd [N]. One pass over h.
+  virtual void add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
+                                   const Tensor& rstd) = 0;
+  /// rmsnorm_backward plus the residual branch's gradient: dx = residual + ∂(rmsnorm)/∂x·dy,
+  /// dw accumulates. dx may alias residual (element-wise read before write). dy, x, residual,
+  /// dx [N, D]; w [D]; rstd [N].
+  virtual void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                         const Tensor& residual, const Tensor& dx, const Tensor& dw) = 0;
   /// Rotary embedding in place on x [B, T, H, Dh], pairs (2j, 2j+1) rotated by angle θ[t, j]
   /// (Su et al. 2021; Meta's interleaved layout); cos, sin [T, Dh/2]. inverse = rotate by −θ
   /// (the backward pass, since the map is orthogonal).
@@ -129,11 +141,23 @@ class Device {
   virtual void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) = 0;
   /// x = value (f32), or zero bytes for other dtypes when value == 0.
   virtual void fill(const Tensor& x, float value) = 0;
+  /// dst = src converted between f32 and bf16 (equal numel; bf16 rounds to nearest even, as
+  /// torch's .to(torch.bfloat16)); equal dtypes copy. @throws std::invalid_argument for i32.
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;
 };
 
-/// Creates the device named `kind` ("cpu"; "cuda" once the CUDA backend exists) for this rank.
-/// `threads` = OpenMP/BLAS threads for the CPU device (0 = OMP_NUM_THREADS or all cores).
-/// @throws std::invalid_argument for an unknown or unavailable kind.
-std::unique_ptr<Device> make_device(const std::string& kind, int threads = 0);
+/// Creates the device named `kind` for this rank: "cpu", or "cuda" (GPU `gpu` of this node,
+/// usually the node-local rank modulo the GPU count). `threads` = OpenMP/BLAS threads for the
+/// CPU device (0 = OMP_NUM_THREADS or all cores).
+/// @throws std::invalid_argument for an unknown kind, or "cuda" in a build without CUDA;
+///         std::runtime_error when no usable GPU is present.
+std::unique_ptr<Device> make_device(const std::string& kind, int threads = 0, int gpu = 0);
+
+/// Number of CUDA GPUs visible to this process (0 in a build without CUDA or without a
+/// driver). Throws nothing.
+int cuda_device_count();
+
+/// Whether this meshtrain was compiled with the CUDA backend. Throws nothing.
+bool cuda_build();
 
 }  // namespace meshtrain

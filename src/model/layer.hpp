@@ -41,6 +41,9 @@ struct StepContext {
   Tensor rope_cos, rope_sin; ///< [T, head_dim/2]
   float loss_grad_scale = 0; ///< d(loss)/d(per-token CE): 1 / global target tokens
   bool need_backward = true; ///< false for validation (no gradients, nothing saved)
+  /// dtype of activations and their gradients (f32; bf16 under mixed precision). Statistics
+  /// (RMSNorm rstd, attention lse, loss stats) stay f32 whatever it is.
+  DType act_dtype = DType::kF32;
   double loss_sum = 0;       ///< output: Σ CE over this micro-batch's targets (nats)
   int64_t num_targets = 0;   ///< output: targets counted in loss_sum
 };

@@ -38,11 +38,17 @@ struct Parameter {
   Shape shape;            ///< global shape
   Shape local_shape;      ///< this tp rank's slab (== shape unless split over tp)
   Tensor value;           ///< [local_shape] (FSDP binds it only while the unit is gathered)
-  Tensor grad;            ///< same shape as value
+  Tensor grad;            ///< same shape as value, always f32 (gradients accumulate in f32)
+  /// [local_shape] the value in the compute dtype (bf16 under mixed precision), refreshed from
+  /// `value` by Transformer::ensure_compute; undefined in float32 runs.
+  Tensor compute;
   InitSpec init;
   bool weight_decay = true;  ///< false for norms and embeddings unless the deck says otherwise
   ShardingSpec sharding;
   int64_t flat_offset = 0;   ///< element offset in the flat buffers
+
+  /// What forward and backward read: `compute` under bf16 mixed precision, else `value`.
+  const Tensor& compute_value() const { return compute.defined() ? compute : value; }
 };
 
 /// A parameter of global `shape` with its init rule; value/grad are bound when the model

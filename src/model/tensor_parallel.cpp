@@ -17,7 +17,7 @@ int64_t tp_local_tokens(const TensorParallel& tp, int64_t tokens) {
 
 Tensor tp_enter(Device& dev, const TensorParallel& tp, const Tensor& x) {
   if (!tp.active() || !tp.sequence_parallel) return x;
-  Tensor full = dev.empty({x.dim(0) * tp.size, x.dim(1)}, DType::kF32, MemCategory::kActivations);
+  Tensor full = dev.empty({x.dim(0) * tp.size, x.dim(1)}, x.dtype(), MemCategory::kActivations);
   tp.comm->all_gather(x, full)->wait();
   return full;
 }
@@ -28,7 +28,7 @@ Tensor tp_exit(Device& dev, const TensorParallel& tp, const Tensor& partial) {
     tp.comm->all_reduce(partial, ReduceOp::kSum)->wait();
     return partial;
   }
-  Tensor shard = dev.empty({tp_local_tokens(tp, partial.dim(0)), partial.dim(1)}, DType::kF32, MemCategory::kActivations);
+  Tensor shard = dev.empty({tp_local_tokens(tp, partial.dim(0)), partial.dim(1)}, partial.dtype(), MemCategory::kActivations);
   tp.comm->reduce_scatter(partial, shard, ReduceOp::kSum)->wait();
   return shard;
 }
@@ -52,11 +52,11 @@ double gathered_ce(Device& dev, const TensorParallel& tp, const Tensor& logits, 
                    int64_t vocab_size, const Tensor& dlogits, float grad_scale) {
   // Every rank sends ⌈V/tp⌉ columns (the last slab may be narrower), so the gather is even.
   const int64_t n = logits.dim(0), per = chunk_range(vocab_size, tp.size, 0).second;
-  Tensor send = dev.empty({n, per}, DType::kF32, MemCategory::kTemporaries);
+  Tensor send = dev.empty({n, per}, logits.dtype(), MemCategory::kTemporaries);
   dev.copy_columns(send, 0, logits, 0, logits.dim(1));
-  Tensor all = dev.empty({tp.size * n * per}, DType::kF32, MemCategory::kTemporaries);
+  Tensor all = dev.empty({tp.size * n * per}, logits.dtype(), MemCategory::kTemporaries);
   tp.comm->all_gather(send, all)->wait();
-  Tensor full = dev.empty({n, vocab_size}, DType::kF32, MemCategory::kTemporaries);
+  Tensor full = dev.empty({n, vocab_size}, logits.dtype(), MemCategory::kTemporaries);
   for (int64_t r = 0; r < tp.size; ++r) {
     const auto [first, count] = chunk_range(vocab_size, tp.size, r);
     dev.copy_columns(full, first, all.view({n, per}, r * n * per), 0, count);

@@ -1,5 +1,6 @@
 #include "model/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
@@ -15,8 +16,12 @@ namespace {
 constexpr int64_t kAlign = 16;  // elements: 64-byte aligned parameter views
 }
 
-Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage, const TensorParallel& tp)
-    : args_(args), dev_(dev), tp_(tp) {
+Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage, const TensorParallel& tp,
+                         DType compute_dtype)
+    : args_(args), dev_(dev), tp_(tp), compute_dtype_(compute_dtype) {
+  if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16)
+    throw std::invalid_argument(std::string("Transformer: compute dtype ") + dtype_name(compute_dtype) +
+                                " (float32 or bfloat16)");
   auto emb = std::make_unique<Embedding>(args, tp);
   Parameter* tied = &emb->weight;
   owned_.push_back(std::move(emb));
@@ -36,10 +41,66 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
   }
   if (storage.params) flat_params_ = dev.empty({total}, DType::kF32, MemCategory::kParameters);
   if (storage.grads) flat_grads_ = dev.zeros({total}, DType::kF32, MemCategory::kGradients);
+  const bool mixed = compute_dtype_ != DType::kF32;
+  if (mixed && storage.params) flat_compute_ = dev.empty({total}, compute_dtype_, MemCategory::kParameters);
   for (Parameter* p : params_) {
     if (storage.params) p->value = flat_params_.view(p->local_shape, p->flat_offset);
     if (storage.grads) p->grad = flat_grads_.view(p->local_shape, p->flat_offset);
+    if (flat_compute_.defined()) p->compute = flat_compute_.view(p->local_shape, p->flat_offset);
   }
+  unit_compute_.resize(units_.size());
+  stale_.assign(params_.size(), 1);
+}
+
+size_t Transformer::index_of(const Parameter* p) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i] == p) return i;
+  throw std::logic_error("parameter " + p->name + " is not in the model");
+}
+
+std::vector<Parameter*> Transformer::used_parameters(size_t u) const {
+  std::vector<Parameter*> ps = unit_parameters(u);
+  // A tied output projection reads the embedding's weight from the last unit.
+  if (args_.tie_word_embeddings && u + 1 == units_.size() && u > 0) ps.push_back(params_.front());
+  return ps;
+}
+
+void Transformer::ensure_compute(size_t u) {
+  if (compute_dtype_ == DType::kF32) return;
+  const std::vector<Parameter*> ps = unit_parameters(u);
+  if (!flat_compute_.defined() && !ps.empty() && !ps.front()->compute.defined()) {
+    // FSDP: a buffer for this unit's own parameters while they are gathered.
+    int64_t n = 0;
+    for (Parameter* p : ps) n = std::max(n, p->flat_offset - ps.front()->flat_offset + shape_numel(p->local_shape));
+    unit_compute_[u] = dev_.empty({n}, compute_dtype_, MemCategory::kCommunication);
+    for (Parameter* p : ps) {
+      p->compute = unit_compute_[u].view(p->local_shape, p->flat_offset - ps.front()->flat_offset);
+      stale_[index_of(p)] = 1;
+    }
+  }
+  for (Parameter* p : used_parameters(u)) {
+    char& stale = stale_[index_of(p)];
+    if (!stale) continue;
+    if (!p->value.defined() || !p->compute.defined())
+      throw std::logic_error("ensure_compute: " + p->name + " has no value to cast (parameters not gathered)");
+    dev_.cast(p->compute, p->value);
+    stale = 0;
+  }
+}
+
+void Transformer::params_changed(size_t u) {
+  for (Parameter* p : unit_parameters(u)) stale_[index_of(p)] = 1;
+}
+
+void Transformer::params_changed() { std::fill(stale_.begin(), stale_.end(), 1); }
+
+void Transformer::release_compute(size_t u) {
+  if (flat_compute_.defined() || !unit_compute_[u].defined()) return;
+  for (Parameter* p : unit_parameters(u)) {
+    p->compute = Tensor();
+    stale_[index_of(p)] = 1;
+  }
+  unit_compute_[u] = Tensor();
 }
 
 std::vector<Parameter*> Transformer::unit_parameters(size_t u) const {
@@ -54,6 +115,7 @@ void Transformer::init_weights(uint64_t seed) {
     init_range(*p, seed, 0, p->value.numel(), host.data());
     dev_.upload(p->value, host.data(), host.size() * sizeof(float));
   }
+  params_changed();
 }
 
 void Transformer::zero_grad() {
@@ -75,6 +137,7 @@ StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t
   ctx.seq_len = t;
   ctx.loss_grad_scale = loss_grad_scale;
   ctx.need_backward = need_backward;
+  ctx.act_dtype = compute_dtype_;
   std::tie(ctx.rope_cos, ctx.rope_sin) = rope_tables(t);
   ctx.tokens = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);
   ctx.targets = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);

@@ -26,7 +26,11 @@ class Transformer {
   /// Values are uninitialized until init_weights().
   /// @throws std::invalid_argument when tp does not divide the heads, or leaves a tp rank
   /// without vocabulary rows or FFN hidden units.
-  Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {}, const TensorParallel& tp = {});
+  /// `compute_dtype` is the dtype of activations and of the parameter copies forward and
+  /// backward read (f32, or bf16 for mixed precision: the f32 `value`s stay the master weights
+  /// the optimizer updates; gradients stay f32).
+  Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {}, const TensorParallel& tp = {},
+              DType compute_dtype = DType::kF32);
 
   /// Layer-independent initialization: element i of parameter p is a pure function of
   /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
@@ -35,6 +39,8 @@ class Transformer {
   void init_weights(uint64_t seed);
 
   const ModelArgs& args() const { return args_; }
+  /// The device holding this model's tensors.
+  Device& device() const { return dev_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   /// Units in execution order (embedding, blocks, output head).
   const std::vector<Layer*>& units() const { return units_; }
@@ -57,6 +63,23 @@ class Transformer {
   /// Looks up a parameter by name; nullptr when absent.
   Parameter* find(const std::string& name) const;
 
+  // ---- mixed precision (compute_dtype bf16): Parameter::compute copies of the values ----
+  DType compute_dtype() const { return compute_dtype_; }
+  /// Makes Parameter::compute current for every parameter unit u reads (its own, and the tied
+  /// embedding for the output head): casts value → compute where the value changed since the
+  /// last cast. Binds compute into the model's flat bf16 buffer, or, when the model does not
+  /// hold replicated parameters (FSDP), into a per-unit buffer until release_compute(u).
+  /// No-op for f32. @throws std::logic_error when a value is not bound (FSDP: not gathered).
+  void ensure_compute(size_t u);
+  /// The values of unit u's parameters changed (optimizer step, gather, load): the next
+  /// ensure_compute recasts them.
+  void params_changed(size_t u);
+  /// Every parameter's value changed.
+  void params_changed();
+  /// Drops unit u's per-unit compute buffer (FSDP after resharding). No-op when the model holds
+  /// a flat compute buffer.
+  void release_compute(size_t u);
+
  private:
   ModelArgs args_;
   Device& dev_;
@@ -66,6 +89,13 @@ class Transformer {
   std::vector<Parameter*> params_;
   std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
   Tensor flat_params_, flat_grads_;
+  DType compute_dtype_ = DType::kF32;
+  Tensor flat_compute_;               // bf16 copies of flat_params_ (mixed precision, params held)
+  std::vector<Tensor> unit_compute_;  // per-unit bf16 buffers when params are not held (FSDP)
+  std::vector<char> stale_;           // per parameter (params_ order): compute needs a recast
+  /// Parameters unit u reads: unit_parameters(u), plus the tied embedding for the head.
+  std::vector<Parameter*> used_parameters(size_t u) const;
+  size_t index_of(const Parameter* p) const;
   int64_t rope_len_ = -1;
   Tensor rope_cos_, rope_sin_;
 };

@@ -4,7 +4,8 @@
 
 namespace meshtrain {
 
-DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes) : model_(model), comm_(comm) {
+DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes, DType reduce_dtype)
+    : model_(model), comm_(comm), reduce_dtype_(reduce_dtype) {
   shards_ = replicated_shards(model);
   const auto& units = model.units();
   const Tensor& flat = model.flat_grads();
@@ -32,17 +33,32 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucke
 void DataParallel::post_backward(size_t unit) {
   if (!sync_ || comm_.size() == 1) return;
   const int b = bucket_of_unit_[unit];
-  if (b >= 0 && buckets_[b].first_unit == unit) pending_.push_back(comm_.all_reduce(buckets_[b].grads, ReduceOp::kSum));
+  if (b >= 0 && buckets_[b].first_unit == unit) {
+    InFlight f;
+    Tensor t = buckets_[b].grads;
+    if (reduce_dtype_ == DType::kBF16) {
+      Device& dev = model_.device();
+      f.wire = dev.empty(t.shape(), DType::kBF16, MemCategory::kCommunication);
+      f.target = t;
+      dev.cast(f.wire, t);
+      t = f.wire;
+    }
+    f.work = comm_.all_reduce(t, ReduceOp::kSum);
+    pending_.push_back(std::move(f));
+  }
   poll();
 }
 
 void DataParallel::poll() {
-  for (auto& w : pending_) w->test();
+  for (auto& f : pending_) f.work->test();
 }
 
 void DataParallel::finish() {
   const auto t0 = std::chrono::steady_clock::now();
-  for (auto& w : pending_) w->wait();
+  for (auto& f : pending_) {
+    f.work->wait();
+    if (f.wire.defined()) model_.device().cast(f.target, f.wire);
+  }
   pending_.clear();
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -16,8 +16,10 @@ namespace meshtrain {
 class DataParallel final : public GradientSync {
  public:
   /// `model` must hold replicated parameters and gradients. bucket_bytes: target bucket size
-  /// (a bucket holds whole units; the last may be larger).
-  DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes = 25 << 20);
+  /// (a bucket holds whole units; the last may be larger). reduce_dtype: dtype on the wire
+  /// (f32, or bf16: each bucket is cast to bf16, summed in bf16 and widened back on finish()).
+  DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes = 25 << 20,
+               DType reduce_dtype = DType::kF32);
   /// Arms the all-reduces: call with true before the last micro-batch of a step.
   void set_sync(bool sync) { sync_ = sync; }
   void post_backward(size_t unit) override;
@@ -42,11 +44,16 @@ class DataParallel final : public GradientSync {
     size_t first_unit, last_unit;  // inclusive range of units
     Tensor grads;                  // view of the flat gradient buffer
   };
+  struct InFlight {
+    Tensor wire, target;  // bf16 reduce: the bf16 copy on the wire and the f32 bucket it widens into
+    std::unique_ptr<Work> work;
+  };
   Transformer& model_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
-  std::vector<std::unique_ptr<Work>> pending_;
+  std::vector<InFlight> pending_;
+  DType reduce_dtype_;
   std::vector<LocalShard> shards_;
   bool sync_ = false;
   double wait_s_ = 0;

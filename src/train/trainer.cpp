@@ -25,8 +25,10 @@
 #include "optim/lr_schedule.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
+#include "parallel/mixed_precision.hpp"
 #include "parallel/tp_gather.hpp"
 #include "parallel/tp_grads.hpp"
+#include "train/device_comms.hpp"
 #include "train/preemption.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
@@ -132,6 +134,18 @@ void check_dataset(const JobConfig& cfg, const TokenStore& store) {
                       std::to_string(store.vocab_size()) + "); token ids must be < vocab_size");
 }
 
+void check_device(const JobConfig& cfg) {
+  if (cfg.training.device != "cuda") return;
+  if (!cuda_build())
+    throw ConfigError(cfg.origin_of("training.device") +
+                      ": [training] device: \"cuda\" but this meshtrain was built without CUDA (configure with "
+                      "-DMESHTRAIN_CUDA=ON where the CUDA toolkit and NCCL are installed, or use device = \"cpu\")");
+  if (cuda_device_count() == 0)
+    throw ConfigError(cfg.origin_of("training.device") +
+                      ": [training] device: \"cuda\" but no GPU is visible to this rank (check the allocation's "
+                      "--gpus / CUDA_VISIBLE_DEVICES and the NVIDIA driver)");
+}
+
 TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenStore& store, const RankLayout& layout,
                    MpiCommunicator& world) {
   const bool rank0 = world.rank() == 0;
@@ -149,44 +163,52 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   comms.set_timeout(cfg.comm.init_timeout_seconds);
   Communicator* dp = &comms.get(MeshDim::kDP);        // data loading: which samples this rank reads
   Communicator& loss_comm = comms.get(MeshDim::kLoss);  // loss and token counts
-  auto device = make_device("cpu");
+  // One GPU per rank: the node-local rank picks it (modulo the visible GPUs, so several ranks
+  // may share one GPU in tests; collectives then go through MPI, see DeviceComms).
+  auto device = make_device(cfg.training.device, 0, int(layout.place(world.rank()).local_rank));
   Device& dev = *device;
+  DeviceComms dcomms(comms, dev, world, layout, cfg.comm.init_timeout_seconds);
   bool peak_measured = false;
   const double peak = dev.peak_flops(&peak_measured);
 
   // dp_shard > 1 shards over the fsdp group (ZeRO-1/2/3, HSDP with dp_replicate > 1); else DDP.
-  Communicator& fsdp_comm = comms.get(MeshDim::kFSDP);
+  Communicator& fsdp_comm = dcomms.get(MeshDim::kFSDP);
   const bool sharded = fsdp_comm.size() > 1;
   const int zero_stage = sharded ? int(cfg.parallelism.zero_stage) : 0;
   // Tensor parallelism inside the node (tp innermost in the layout); the data-parallel
   // strategies below then shard or replicate the tp-local tensors (2-D parallelism).
-  Communicator& tp_comm = comms.get(MeshDim::kTP);
+  Communicator& tp_comm = dcomms.get(MeshDim::kTP);
   TensorParallel tp;
   tp.comm = &tp_comm;
   tp.size = tp_comm.size();
   tp.rank = tp_comm.rank();
   tp.sequence_parallel = cfg.parallelism.enable_sequence_parallel;
   tp.loss_parallel = !cfg.parallelism.disable_loss_parallel;
-  Transformer model(args, dev, sharded ? model_storage_for(zero_stage) : ModelStorage{}, tp);
+  // Mixed precision: bf16 activations and compute copies of the weights; f32 masters, grads, AdamW.
+  const DType compute_dtype = cfg.training.mixed_precision_param == "bfloat16" ? DType::kBF16 : DType::kF32;
+  const DType reduce_dtype = cfg.training.mixed_precision_reduce == "bfloat16" ? DType::kBF16 : DType::kF32;
+  Transformer model(args, dev, sharded ? model_storage_for(zero_stage) : ModelStorage{}, tp, compute_dtype);
   std::unique_ptr<GradientSync> sync;
   if (sharded) {
     ShardedOptions so;
     so.zero_stage = zero_stage;
     // TorchTitan's "default": reshard after forward unless pipeline parallel (pp == 1 here).
     so.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward != "never";
-    auto sdp = std::make_unique<ShardedDataParallel>(model, dev, fsdp_comm, &comms.get(MeshDim::kDpReplicate), so);
+    so.reduce_dtype = reduce_dtype;
+    auto sdp = std::make_unique<ShardedDataParallel>(model, dev, fsdp_comm, &dcomms.get(MeshDim::kDpReplicate), so);
     sdp->init_weights(uint64_t(cfg.training.seed));
     sync = std::move(sdp);
   } else {
     model.init_weights(uint64_t(cfg.training.seed));
-    sync = std::make_unique<DataParallel>(model, comms.get(MeshDim::kDpReplicate));
+    sync = std::make_unique<DataParallel>(model, dcomms.get(MeshDim::kDpReplicate), 25 << 20, reduce_dtype);
   }
   std::vector<int64_t> block_index;
   for (size_t u = 0; u < model.units().size(); ++u)
     block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
   Executor exec(model.units(), block_index,
                 CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option));
-  exec.set_hooks(sync.get());
+  MixedPrecisionHooks hooks(model, sync.get());
+  exec.set_hooks(&hooks);
   AdamW opt(sync->local_shards(), dev, cfg.optimizer);
   LrSchedule schedule(cfg.lr_scheduler, cfg.optimizer.lr, cfg.training.steps);
 
@@ -200,6 +222,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     const auto t_load = Clock::now();
     if (const auto from = load_with_fallback(cfg.checkpoint, ckpt_dir, [&](const std::string& f) {
           resumed = load_checkpoint(f, world.comm(), dev, model, sync->local_shards(), opt);
+          model.params_changed();
         })) {
       if (resumed.seed != cfg.training.seed)  // the remaining sample order would change
         throw CheckpointError(*from + ": written with [training] seed " + std::to_string(resumed.seed) + ", the deck has " +
@@ -221,7 +244,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0, /*append=*/resumed.step > 0);
   if (!load_event.is_null()) metrics.write(load_event);
   int64_t tokens_seen = resumed.tokens_seen;
-  Communicator& dp_replicate = comms.get(MeshDim::kDpReplicate);
+  Communicator& dp_replicate = dcomms.get(MeshDim::kDpReplicate);
   double last_lr = 0;
   auto save = [&](int64_t step) {
     const auto t_save = Clock::now();
@@ -261,7 +284,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                          : std::string()) +
             "); global batch " + std::to_string(global_batch) +
             " x " + std::to_string(seq_len) + " tokens, grad accumulation " + std::to_string(accum) + "; peak " +
-            fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + ")");
+            fmt("%.1f", peak / 1e9) + " GFLOP/s per rank (" + (peak_measured ? "measured by sgemm" : "datasheet") + "); device " +
+            dev.name() + ", compute " + dtype_name(compute_dtype) + ", collectives on device tensors over " + dcomms.backend());
   log::info("layout:\n" + layout_report(layout));
   log::info("data: " + cfg.training.dataset + ", " + std::to_string(loader.num_samples()) + " train samples, " +
             std::to_string(val_loader.num_samples()) + " validation samples; validation unigram entropy " +
@@ -281,7 +305,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   // Bytes each mesh communicator has sent so far (per collective kind), for per-step deltas.
   auto comm_bytes_now = [&] {
     std::array<std::array<int64_t, int(CollectiveKind::kCount)>, kNumMeshDims> b{};
-    for (int d = 0; d < kNumMeshDims; ++d) b[d] = comms.get(MeshDim(d)).bytes_sent();
+    for (int d = 0; d < kNumMeshDims; ++d) b[d] = dcomms.get(MeshDim(d)).bytes_sent();
     return b;
   };
   const int64_t first_step = resumed.step + 1;
@@ -308,6 +332,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
     const double lr = schedule.lr(step);
     opt.step(float(lr));
+    model.params_changed();  // bf16 compute copies are recast before their next use
     last_lr = lr;
     sync->after_optimizer_step();
     dev.synchronize();
@@ -325,6 +350,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     if (step == first_step) {  // start-up is over: collectives now get the (shorter) training deadline
       world.set_timeout(cfg.comm.train_timeout_seconds);
       comms.set_timeout(cfg.comm.train_timeout_seconds);
+      dcomms.set_timeout(cfg.comm.train_timeout_seconds);
     }
     summary.steps = step;
     summary.final_loss = loss;

@@ -33,4 +33,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
 /// @throws ConfigError naming [model] vocab_size and the dataset.
 void check_dataset(const JobConfig& cfg, const TokenStore& store);
 
+/// Checks that [training] device can be used on this rank before any work: "cuda" needs a
+/// build with CUDA and at least one visible GPU. @throws ConfigError naming the key.
+void check_device(const JobConfig& cfg);
+
 }  // namespace meshtrain

@@ -317,8 +317,6 @@ BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
       {{"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] pipeline_parallel_degree: pipeline parallelism"},
       {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},
       {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
-      {{"--training.mixed_precision_param=bfloat16"}, 1, "[training] mixed_precision_param: 'bfloat16' parameters"},
-      {{"--training.mixed_precision_reduce=bfloat16"}, 1, "[training] mixed_precision_reduce: 'bfloat16' gradient reduction"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},
   };
   for (const auto& [ov, world, want] : cases) {
@@ -326,6 +324,10 @@ BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
     BOOST_TEST(has(e, "not implemented yet"), e);
     BOOST_TEST(has(e, want), e);
   }
+  // bfloat16 compute is the CUDA backend's; the cpu device is the float32 reference.
+  const std::string bf = error_of(kBase, {"--training.mixed_precision_param=bfloat16"}, 1);
+  BOOST_TEST(has(bf, "[training] mixed_precision_param: bfloat16 needs [training] device = \"cuda\""), bf);
+  BOOST_TEST(load(kBase, {"--training.mixed_precision_param=bfloat16", "--training.device=cuda"}).validate(1).dp_shard == 1);
   // The same options pass the layout-only rules (meshtrain layout lays out published decks).
   BOOST_TEST(load(kBase, {"--parallelism.tensor_parallel_degree=2"}).validate_layout(8).dp_shard == 4);
   // What is implemented passes: replication, tensor parallelism (with and without sequence

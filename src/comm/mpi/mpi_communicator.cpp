@@ -3,12 +3,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
 #include <stdexcept>
 
+#include "tensor/bf16.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -27,7 +30,7 @@ MPI_Datatype mpi_type(const Tensor& t) {
   switch (t.dtype()) {
     case DType::kF32: return MPI_FLOAT;
     case DType::kI32: return MPI_INT32_T;
-    case DType::kBF16: return MPI_UINT16_T;  // moved, never reduced, through MPI
+    case DType::kBF16: return MPI_UINT16_T;  // MPI has no bfloat16: raw bits, reduced by the user ops below
   }
   return MPI_BYTE;
 }
@@ -39,6 +42,55 @@ MPI_Op mpi_op(ReduceOp op) {
     case ReduceOp::kMin: return MPI_MIN;
   }
   return MPI_SUM;
+}
+
+// bfloat16 reductions on MPI_UINT16_T bit patterns. Each pair is widened to float (exact),
+// combined, and the sum rounded back to nearest-even, as NCCL's bf16 reduction does per step.
+// Pairwise rounding makes the sum depend on MPI's combination order like any low-precision
+// reduction; max and min return one of the inputs unchanged (NaN wins, so it is not hidden).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16_from_float(float_from_bf16(a[i]) + float_from_bf16(b[i]));
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = float_from_bf16(a[i]), y = float_from_bf16(b[i]);
+    if (std::isnan(x) || x > y) b[i] = a[i];
+  }
+}
+void bf16_min(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = float_from_bf16(a[i]), y = float_from_bf16(b[i]);
+    if (std::isnan(x) || x < y) b[i] = a[i];
+  }
+}
+
+// Created at first use (on the thread that calls MPI: MPI_THREAD_FUNNELED), freed by
+// ~MpiRuntime before MPI_Finalize. Indexed by ReduceOp.
+std::array<MPI_Op, 3>& bf16_ops() {
+  static std::array<MPI_Op, 3> ops = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  return ops;
+}
+
+void free_bf16_ops() {
+  for (MPI_Op& o : bf16_ops())
+    if (o != MPI_OP_NULL) MPI_Op_free(&o);  // sets o to MPI_OP_NULL
+}
+
+/// The MPI reduction of `op` on tensors of dtype `d` (a user-defined op for bf16).
+MPI_Op reduce_op(ReduceOp op, DType d, const std::string& group) {
+  if (d != DType::kBF16) return mpi_op(op);
+  MPI_Op& o = bf16_ops()[size_t(op)];
+  if (o == MPI_OP_NULL) {
+    MPI_User_function* fn = op == ReduceOp::kSum ? bf16_sum : op == ReduceOp::kMax ? bf16_max : bf16_min;
+    check(MPI_Op_create(fn, /*commute=*/1, &o), "MPI_Op_create (bfloat16)", group);
+  }
+  return o;
 }
 
 // Waits for `req` until `timeout_s` passes; then the watchdog names the collective and group on
@@ -107,7 +159,10 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 MpiRuntime::~MpiRuntime() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized) {
+    free_bf16_ops();
+    MPI_Finalize();
+  }
 }
 
 void MpiRuntime::abort_job(int status) {
@@ -141,15 +196,18 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, cons
 
 std::unique_ptr<Work> MpiCommunicator::all_reduce(const Tensor& t, ReduceOp op) {
   MPI_Request r;
-  check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), int(t.numel()), mpi_type(t), mpi_op(op), comm_, &r), "all_reduce", name_);
+  check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), int(t.numel()), mpi_type(t), reduce_op(op, t.dtype(), name_), comm_, &r),
+        "all_reduce", name_);
   count(CollectiveKind::kAllReduce, int64_t(2 * t.nbytes() * (size_ - 1) / size_));
   return std::make_unique<MpiWork>(r, "all_reduce", describe(), timeout_s_);
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
   if (in.numel() != out.numel() * size_) throw std::invalid_argument("reduce_scatter: in must be size × out");
+  if (in.dtype() != out.dtype()) throw std::invalid_argument("reduce_scatter: in and out must have one dtype");
   MPI_Request r;
-  check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(out.numel()), mpi_type(in), mpi_op(op), comm_, &r),
+  check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(out.numel()), mpi_type(in),
+                                  reduce_op(op, in.dtype(), name_), comm_, &r),
         "reduce_scatter", name_);
   count(CollectiveKind::kReduceScatter, int64_t(in.nbytes() * (size_ - 1) / size_));
   return std::make_unique<MpiWork>(r, "reduce_scatter", describe(), timeout_s_);

@@ -10,7 +10,8 @@
 namespace meshtrain {
 
 /// RAII MPI_Init_thread / MPI_Finalize. Errors return codes (MPI_ERRORS_RETURN) so they become
-/// CommError exceptions that name the collective and group.
+/// CommError exceptions that name the collective and group. The destructor also frees the
+/// user-defined bfloat16 reduction ops (MpiCommunicator) before MPI_Finalize.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);
@@ -26,6 +27,10 @@ class MpiRuntime {
   std::string host_;
 };
 
+/// Tensors are host memory: f32, i32, or bf16. MPI has no bfloat16 type, so bf16 moves as
+/// MPI_UINT16_T and reduces (sum, max, min) through user-defined commutative MPI_Ops that
+/// widen each pair to float and round sums back to nearest-even (created at first use, on the
+/// MPI thread).
 class MpiCommunicator final : public Communicator {
  public:
   /// Wraps `comm` (duplicated, freed on destruction) under the group name `name`.

@@ -57,13 +57,4 @@ double deterministic_sum(const double* v, int64_t n) {
   return s;
 }
 
-std::unique_ptr<Device> make_device(const std::string& kind, int threads) {
-  if (kind != "cpu") throw std::invalid_argument("device '" + kind + "' is not implemented yet (only cpu)");
-  if (threads <= 0) {
-    const char* env = std::getenv("OMP_NUM_THREADS");
-    threads = env && std::atoi(env) > 0 ? std::atoi(env) : omp_get_num_procs();
-  }
-  return std::make_unique<CpuDevice>(threads);
-}
-
 }  // namespace meshtrain

@@ -41,6 +41,12 @@ class CpuDevice final : public Device {
   void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override;
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                         const Tensor& dw) override;
+  /// h += delta, then rmsnorm_forward(h) (two passes on the CPU; the fusion is a GPU concern).
+  void add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
+                           const Tensor& rstd) override;
+  /// rmsnorm_backward's arithmetic with residual added per element (dx may alias residual).
+  void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                 const Tensor& residual, const Tensor& dx, const Tensor& dw) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                          float scale) override;
@@ -64,6 +70,7 @@ class CpuDevice final : public Device {
   void copy(const Tensor& dst, const Tensor& src) override;
   void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) override;
   void fill(const Tensor& x, float value) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
 
  private:
   int threads_;

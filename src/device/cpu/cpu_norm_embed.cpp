@@ -69,12 +69,23 @@ void CpuDevice::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, con
   }
 }
 
-void CpuDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                                 const Tensor& dx, const Tensor& dw) {
+namespace {
+// @throws std::invalid_argument unless t has n elements (what names the kernel and argument).
+void require_numel(const Tensor& t, int64_t n, const char* what) {
+  if (t.numel() != n)
+    throw std::invalid_argument(std::string(what) + " has shape " + shape_str(t.shape()) + ", expected " +
+                                std::to_string(n) + " elements");
+}
+
+// The RMSNorm backward shared by rmsnorm_backward (residual = nullptr) and
+// rmsnorm_backward_residual: dx = [residual +] r·g·w − (r³·Σ g·w·x / D)·x; dw accumulates
+// Σ g·x·r through per-thread partials summed in thread order (deterministic for a given thread
+// count). residual may alias dx: each element is read before it is written, in one iteration.
+void rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                           const float* residual, const Tensor& dx, const Tensor& dw, int nt) {
   const int64_t d = x.dim(-1), n = x.numel() / d;
   const float *dyp = dy.f32(), *xp = x.f32(), *wp = w.f32(), *rp = rstd.f32();
   float *dxp = dx.f32(), *dwp = dw.f32();
-  const int nt = threads_;
   std::vector<float> partial(size_t(nt) * d, 0.0f);
 #pragma omp parallel num_threads(nt)
   {
@@ -89,15 +100,49 @@ void CpuDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor
       for (int64_t c = 0; c < d; ++c) dot += g[c] * wp[c] * xr[c];
       const float k = r * r * r * dot / float(d);
       float* o = dxp + i * d;
+      if (residual) {
+        const float* res = residual + i * d;
 #pragma omp simd
-      for (int64_t c = 0; c < d; ++c) {
-        o[c] = r * g[c] * wp[c] - k * xr[c];
-        pw[c] += g[c] * xr[c] * r;
+        for (int64_t c = 0; c < d; ++c) {
+          o[c] = res[c] + (r * g[c] * wp[c] - k * xr[c]);
+          pw[c] += g[c] * xr[c] * r;
+        }
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) {
+          o[c] = r * g[c] * wp[c] - k * xr[c];
+          pw[c] += g[c] * xr[c] * r;
+        }
       }
     }
   }
   for (int t = 0; t < nt; ++t)  // fixed order: deterministic for a given thread count
     for (int64_t c = 0; c < d; ++c) dwp[c] += partial[size_t(t) * d + c];
+}
+}  // namespace
+
+void CpuDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                 const Tensor& dx, const Tensor& dw) {
+  rmsnorm_backward_impl(dy, x, w, rstd, nullptr, dx, dw, threads_);
+}
+
+void CpuDevice::add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
+                                    const Tensor& rstd) {
+  require_numel(delta, h.numel(), "add_rmsnorm_forward: delta");
+  require_numel(y, h.numel(), "add_rmsnorm_forward: y");
+  const int64_t n = h.numel();
+  float* hp = h.f32();
+  const float* dp = delta.f32();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) hp[i] += dp[i];
+  rmsnorm_forward(h, w, eps, y, rstd);
+}
+
+void CpuDevice::rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                          const Tensor& residual, const Tensor& dx, const Tensor& dw) {
+  require_numel(residual, x.numel(), "rmsnorm_backward_residual: residual");
+  require_numel(dx, x.numel(), "rmsnorm_backward_residual: dx");
+  rmsnorm_backward_impl(dy, x, w, rstd, residual.f32(), dx, dw, threads_);
 }
 
 void CpuDevice::rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {

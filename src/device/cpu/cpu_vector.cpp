@@ -1,10 +1,11 @@
-// CPU kernels on flat tensors: AdamW, reductions, scale / add / copy / fill.
+// CPU kernels on flat tensors: AdamW, reductions, scale / add / copy / fill / cast.
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
 
 #include "device/cpu/cpu_device.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshtrain {
 
@@ -96,6 +97,26 @@ void CpuDevice::fill(const Tensor& x, float value) {
   float* p = x.f32();
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = value;
+}
+
+void CpuDevice::cast(const Tensor& dst, const Tensor& src) {
+  same_numel(dst, src, "cast");
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  const int64_t n = src.numel();
+  if (dst.dtype() == DType::kBF16 && src.dtype() == DType::kF32) {
+    const float* s = src.f32();
+    uint16_t* d = dst.bf16();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_from_float(s[i]);
+  } else if (dst.dtype() == DType::kF32 && src.dtype() == DType::kBF16) {
+    const uint16_t* s = src.bf16();
+    float* d = dst.f32();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = float_from_bf16(s[i]);
+  } else {
+    throw std::invalid_argument(std::string("cast from ") + dtype_name(src.dtype()) + " to " + dtype_name(dst.dtype()) +
+                                ": only float32 <-> bfloat16");
+  }
 }
 
 }  // namespace meshtrain

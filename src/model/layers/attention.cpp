@@ -60,7 +60,7 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
   Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
   Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
   Tensor v = linear_forward(dev, x, wv).reshape({ctx.batch, ctx.seq_len, n_kv_heads_, head_dim_});
-  Tensor o = dev.empty(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor o = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
   Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
   const float scale = 1.0f / std::sqrt(float(head_dim_));
   dev.attention_forward(q, k, v, o, lse, scale);
@@ -86,9 +86,9 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
   const int64_t n = x.dim(0);
   Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
   Tensor d_o = linear_backward(dev, dout, o2, wo).reshape(q.shape());
-  Tensor dq = dev.empty(q.shape(), DType::kF32, MemCategory::kActivations);
-  Tensor dk = dev.empty(k.shape(), DType::kF32, MemCategory::kActivations);
-  Tensor dv = dev.empty(v.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor dq = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
+  Tensor dk = dev.empty(k.shape(), k.dtype(), MemCategory::kActivations);
+  Tensor dv = dev.empty(v.shape(), v.dtype(), MemCategory::kActivations);
   dev.attention_backward(d_o, q, k, v, o, lse, 1.0f / std::sqrt(float(head_dim_)), dq, dk, dv);
   // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
   Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);

@@ -15,8 +15,9 @@ Embedding::Embedding(const ModelArgs& a, const TensorParallel& tp) : vocab_size_
 }
 
 Tensor Embedding::forward(StepContext& ctx, SavedTensors&, const Tensor&) {
-  Tensor out = ctx.dev->empty({ctx.tokens.numel(), weight.value.dim(1)}, DType::kF32, MemCategory::kActivations);
-  ctx.dev->embedding_forward(weight.value, ctx.tokens, out, weight.sharding.tp_first, vocab_size_);
+  const Tensor& w = weight.compute_value();
+  Tensor out = ctx.dev->empty({ctx.tokens.numel(), w.dim(1)}, ctx.act_dtype, MemCategory::kActivations);
+  ctx.dev->embedding_forward(w, ctx.tokens, out, weight.sharding.tp_first, vocab_size_);
   return tp_exit(*ctx.dev, ctx.tp, out);
 }
 

@@ -24,7 +24,7 @@ Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor&
   const Tensor x = tp_enter(dev, ctx.tp, x_local);
   Tensor a = linear_forward(dev, x, w1);
   Tensor b = linear_forward(dev, x, w3);
-  Tensor h = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor h = dev.empty(a.shape(), a.dtype(), MemCategory::kActivations);
   dev.swiglu_forward(a, b, h);
   Tensor out = linear_forward(dev, h, w2);
   for (const Tensor& t : {x, a, b, h}) saved.push(t);
@@ -36,8 +36,8 @@ Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor
   const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   Tensor h = saved.pop(), b = saved.pop(), a = saved.pop(), x = saved.pop();
   Tensor dh = linear_backward(dev, dout, h, w2);
-  Tensor da = dev.empty(a.shape(), DType::kF32, MemCategory::kActivations);
-  Tensor db = dev.empty(b.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor da = dev.empty(a.shape(), dh.dtype(), MemCategory::kActivations);
+  Tensor db = dev.empty(b.shape(), dh.dtype(), MemCategory::kActivations);
   dev.swiglu_backward(dh, a, b, da, db);
   Tensor dx = linear_backward(dev, da, x, w1);
   linear_backward(dev, db, x, w3, &dx);

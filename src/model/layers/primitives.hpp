@@ -15,5 +15,13 @@ Tensor linear_backward(Device& dev, const Tensor& dy, const Tensor& x, const Par
 Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const Parameter& w, float eps);
 /// Pops what rmsnorm_forward pushed; returns dx [N, D], accumulates dW.
 Tensor rmsnorm_backward(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w);
+/// The residual add fused with the next RMSNorm: h [N, D] += delta (in place), returns
+/// rmsnorm(h) [N, D]; pushes h and rstd like rmsnorm_forward.
+Tensor add_rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& h, const Tensor& delta, const Parameter& w,
+                           float eps);
+/// Pops what add_rmsnorm_forward pushed; returns residual + ∂rmsnorm/∂h · dy [N, D] (the
+/// gradient reaching h from both the norm and the residual branch); accumulates dW.
+Tensor rmsnorm_backward_residual(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w,
+                                 const Tensor& residual);
 
 }  // namespace meshtrain

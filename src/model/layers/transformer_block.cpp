@@ -27,19 +27,17 @@ std::vector<Parameter*> TransformerBlock::parameters() {
 Tensor TransformerBlock::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
   Device& dev = *ctx.dev;
   Tensor h = attention.forward(ctx, saved, rmsnorm_forward(dev, saved, x, attention_norm, eps_));
-  dev.add(h, x, 1.0f);
-  Tensor out = feed_forward.forward(ctx, saved, rmsnorm_forward(dev, saved, h, ffn_norm, eps_));
+  // h += x (residual) and ffn_norm(h) in one pass over h.
+  Tensor out = feed_forward.forward(ctx, saved, add_rmsnorm_forward(dev, saved, h, x, ffn_norm, eps_));
   dev.add(out, h, 1.0f);
   return out;
 }
 
 Tensor TransformerBlock::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
   Device& dev = *ctx.dev;
-  Tensor dh = rmsnorm_backward(dev, saved, feed_forward.backward(ctx, saved, dout), ffn_norm);
-  dev.add(dh, dout, 1.0f);  // residual
-  Tensor dx = rmsnorm_backward(dev, saved, attention.backward(ctx, saved, dh), attention_norm);
-  dev.add(dx, dh, 1.0f);
-  return dx;
+  // Each norm's gradient is fused with the residual branch's: dh = dout + ∂ffn_norm·dffn.
+  Tensor dh = rmsnorm_backward_residual(dev, saved, feed_forward.backward(ctx, saved, dout), ffn_norm, dout);
+  return rmsnorm_backward_residual(dev, saved, attention.backward(ctx, saved, dh), attention_norm, dh);
 }
 
 }  // namespace meshtrain

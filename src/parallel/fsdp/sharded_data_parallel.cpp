@@ -112,11 +112,13 @@ void ShardedDataParallel::ensure_params(size_t f) {
   s.gather_send = Tensor();
   s.gather_recv = Tensor();
   s.params_ready = true;
+  for (size_t u : su.members) model_.params_changed(u);  // mixed precision: recast on next use
 }
 
 void ShardedDataParallel::release_params(size_t f) {
   UnitState& s = units_[f];
   for (const ShardedParam& sp : plan_.units[f].params) sp.param->value = Tensor();
+  for (size_t u : plan_.units[f].members) model_.release_compute(u);
   s.full_values = Tensor();
   s.params_ready = false;
 }
@@ -141,6 +143,16 @@ void ShardedDataParallel::start_reduce(size_t f) {
   }
   // The step's first reduction of this unit writes the shard; later micro-batches accumulate.
   const bool first = !shards_grads() || micro_ == 0;
+  if (wire_bf16()) {
+    Tensor wire_in = dev_.empty(r.in.shape(), DType::kBF16, MemCategory::kCommunication);
+    dev_.cast(wire_in, r.in);
+    r.in = wire_in;
+    r.wire_out = dev_.empty({su.shard_elems}, DType::kBF16, MemCategory::kCommunication);
+    r.accumulate = !first;
+    r.work = shard_.reduce_scatter(r.in, r.wire_out, ReduceOp::kSum);
+    reductions_.push_back(std::move(r));
+    return;
+  }
   if (!first) r.staging = dev_.empty({su.shard_elems}, DType::kF32, MemCategory::kCommunication);
   r.work = shard_.reduce_scatter(r.in, first ? s.shard_grads : r.staging, ReduceOp::kSum);
   reductions_.push_back(std::move(r));
@@ -154,16 +166,38 @@ void ShardedDataParallel::retire(bool block) {
     else if (!r.work->test())
       break;
     UnitState& s = units_[r.unit];
+    if (r.wire_out.defined()) {  // bf16 on the wire: widen into the f32 shard (first) or add to it
+      if (r.accumulate) {
+        Tensor wide = dev_.empty({r.wire_out.numel()}, DType::kF32, MemCategory::kCommunication);
+        dev_.cast(wide, r.wire_out);
+        dev_.add(s.shard_grads, wide, 1.0f);
+      } else {
+        dev_.cast(s.shard_grads, r.wire_out);
+      }
+    }
     if (r.staging.defined()) dev_.add(s.shard_grads, r.staging, 1.0f);
     // Issued in reduce-scatter order, which every rank shares, so replicas pair up.
-    if (r.last && replicate_ && replicate_->size() > 1) replicas_.push_back(replicate_->all_reduce(s.shard_grads, ReduceOp::kSum));
+    if (r.last && replicate_ && replicate_->size() > 1) {
+      ReplicaReduction rr;
+      rr.target = s.shard_grads;
+      Tensor t = s.shard_grads;
+      if (wire_bf16()) {
+        rr.wire = dev_.empty(s.shard_grads.shape(), DType::kBF16, MemCategory::kCommunication);
+        dev_.cast(rr.wire, s.shard_grads);
+        t = rr.wire;
+      }
+      rr.work = replicate_->all_reduce(t, ReduceOp::kSum);
+      replicas_.push_back(std::move(rr));
+    }
     reductions_.pop_front();
   }
   while (!replicas_.empty()) {
+    ReplicaReduction& rr = replicas_.front();
     if (block)
-      timed_wait(*replicas_.front());
-    else if (!replicas_.front()->test())
+      timed_wait(*rr.work);
+    else if (!rr.work->test())
       break;
+    if (rr.wire.defined()) dev_.cast(rr.target, rr.wire);
     replicas_.pop_front();
   }
 }

@@ -36,6 +36,9 @@ namespace meshtrain {
 struct ShardedOptions {
   int zero_stage = 3;                ///< 1, 2 or 3
   bool reshard_after_forward = true; ///< ZeRO-3 only
+  /// dtype on the wire of the gradient reduce-scatter and the HSDP all-reduce (FSDP2's
+  /// reduce_dtype): f32, or bf16 (cast before, summed in bf16, widened into the f32 shard).
+  DType reduce_dtype = DType::kF32;
 };
 
 /// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
@@ -88,8 +91,16 @@ class ShardedDataParallel final : public GradientSync {
     size_t unit = 0;
     bool last = false;   // last micro-batch: all-reduce over dp_replicate afterwards
     Tensor in, staging;  // staging: reduce-scatter output to add into shard_grads (accumulation)
+    Tensor wire_out;     // bf16 reduce: the reduce-scatter's bf16 output, widened on retirement
+    bool accumulate = false;  // bf16 reduce: add wire_out into shard_grads (else overwrite)
     std::unique_ptr<Work> work;
   };
+  struct ReplicaReduction {  // HSDP all-reduce of one unit's gradient shard
+    Tensor wire;             // bf16 reduce: the bf16 copy reduced in place, then widened into target
+    Tensor target;
+    std::unique_ptr<Work> work;
+  };
+  bool wire_bf16() const { return opt_.reduce_dtype == DType::kBF16; }
 
   bool shards_params() const { return opt_.zero_stage >= 3; }
   bool shards_grads() const { return opt_.zero_stage >= 2; }
@@ -110,7 +121,7 @@ class ShardedDataParallel final : public GradientSync {
   std::vector<UnitState> units_;
   std::vector<LocalShard> shards_;
   std::deque<Reduction> reductions_;            // reduce-scatters, in issue order
-  std::deque<std::unique_ptr<Work>> replicas_;  // HSDP all-reduces, in issue order
+  std::deque<ReplicaReduction> replicas_;        // HSDP all-reduces, in issue order
   int64_t micro_ = 0, accum_ = 1;
   bool eval_ = false;
   double wait_s_ = 0;

@@ -1,0 +1,222 @@
+#pragma once
+/// @file Shared pieces of the causal grouped-query flash-attention kernels (attention_fwd.cu,
+/// attention_bwd.cu): host-side argument checks, the tile constants, and the register-level
+/// tensor-core helpers (cp.async, ldmatrix, mma.sync m16n8k16 bf16) used by the FlashAttention-2
+/// kernels (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
+/// Partitioning", Algorithms 1 and 2). Fragment layouts follow the PTX ISA sections
+/// "Matrix Fragments for mma.m16n8k16" and "ldmatrix".
+///
+/// Conventions of every kernel: q [B, T, Hq, Dh], k, v [B, T, Hkv, Dh], out / dout / dq like q,
+/// dk / dv like k (row-major, so row t of head h starts at (b·T + t)·H·Dh + h·Dh), lse and the
+/// backward's D = rowsum(dO ∘ O) f32 [B, Hq, T]. Query head h reads kv head h / (Hq / Hkv);
+/// query t attends keys s ≤ t.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "device/cuda/kernel_common.cuh"
+
+namespace meshtrain::cuda::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- SIMT (f32 math) kernels: the f32 path and the bf16 fallback for Dh ∉ {64, 128} ----
+// A block is 4 warps. Each warp owns kSimtRowsPerWarp rows of the "resident" side (queries in
+// forward and dQ, keys in dK/dV) with the head dimension spread over its lanes (dim d on lane
+// d % 32), while the streamed side (keys, resp. queries) is staged in shared memory 32 rows at a
+// time, one row per lane, so a lane computes a whole dot product without cross-lane reductions.
+// Their __launch_bounds__ name a minimum of 1 block per SM: with the default, ptxas capped
+// several instantiations at 64 registers and spilled.
+constexpr int kSimtThreads = 128;
+constexpr int kSimtRowsPerWarp = 4;
+constexpr int kSimtRows = 4 * kSimtRowsPerWarp;  // resident rows per block
+constexpr int kSimtCols = 32;                    // streamed rows per tile (one per lane)
+constexpr int kSimtMaxDh = 256;
+
+// ---- tensor-core (bf16, Dh ∈ {64, 128}) kernels ----
+// 4 warps per block, 16 resident rows per warp (the M of one m16n8k16 MMA).
+constexpr int kTcThreads = 128;
+constexpr int kTcRows = 64;
+
+/// Sizes of one attention call, as ints (checked to fit).
+struct Dims {
+  int b, t, hq, hkv, dh;
+};
+
+/// Checks q [B, T, Hq, Dh], k and v [B, T, Hkv, Dh] of one attention call named `fn` and
+/// returns the sizes. @throws std::invalid_argument unless they are 4-D and consistent, Hq is a
+/// positive multiple of Hkv, Dh is even and in [2, 256], and T fits the launch grid.
+inline Dims check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::string shapes =
+      " (q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")";
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument(std::string(fn) + ": q, k, v must be 4-D [B, T, H, Dh]" + shapes);
+  if (k.shape() != v.shape() || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3))
+    throw std::invalid_argument(std::string(fn) + ": k and v must be [B, T, Hkv, Dh] matching q" + shapes);
+  const int64_t hq = q.dim(2), hkv = k.dim(2), dh = q.dim(3), t = q.dim(1), b = q.dim(0);
+  if (hq < 1 || hkv < 1 || hq % hkv != 0)
+    throw std::invalid_argument(std::string(fn) + ": query heads Hq must be a positive multiple of kv heads Hkv" +
+                                shapes);
+  if (dh < 2 || dh > kSimtMaxDh || dh % 2 != 0)
+    throw std::invalid_argument(std::string(fn) + ": head dim Dh must be even and in [2, " +
+                                std::to_string(kSimtMaxDh) + "]" + shapes);
+  // Query / key tiles index grid.y (≤ 65535 blocks of the smallest tile, 16 rows); batch × heads
+  // index grid.x.
+  if (t > int64_t(65535) * kSimtRows || b * hq > INT_MAX)
+    throw std::invalid_argument(std::string(fn) + ": sequence or batch too large for the launch grid" + shapes);
+  return Dims{int(b), int(t), int(hq), int(hkv), int(dh)};
+}
+
+/// @throws std::invalid_argument unless t has shape s.
+inline void require_shape(const char* fn, const char* arg, const Tensor& t, const Shape& s) {
+  if (t.shape() != s)
+    throw std::invalid_argument(std::string(fn) + ": " + arg + " must be " + shape_str(s) + ", got " +
+                                shape_str(t.shape()));
+}
+
+/// Whether t's first element is 16-byte aligned (tensor-core kernels copy 16-byte chunks; a
+/// view at an odd element offset is not, and then takes the SIMT path).
+inline bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.raw()) & 15u) == 0; }
+
+/// The SIMT kernels' compile-time head-dim capacity for a runtime dh (≤ 256): the smallest of
+/// 32, 64, 128, 256 that holds it (each lane owns cap / 32 dims).
+inline int simt_dh_cap(int dh) { return dh <= 32 ? 32 : dh <= 64 ? 64 : dh <= 128 ? 128 : 256; }
+
+/// Opts `kernel` into `bytes` of dynamic shared memory when above the 48 KiB default
+/// (cudaFuncAttributeMaxDynamicSharedMemorySize). @throws std::runtime_error on failure.
+template <class Kernel>
+inline void allow_dynamic_smem(Kernel* kernel, size_t bytes) {
+  if (bytes > 48u * 1024u)
+    MT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// ---- device helpers of the tensor-core kernels (sm_80+) ----
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte asynchronous global → shared copy; when !valid nothing is read and the 16 bytes are
+/// zero-filled (src-size 0), so padded tile rows hold zeros rather than stale data.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+/// 4-byte variant (per-row f32 statistics), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(__cvta_generic_to_global(src)), "r"(valid ? 4 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i
+/// receives matrix i with lane l holding row l/4, columns 2(l%4), 2(l%4)+1.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+#endif
+}
+/// As ldsm_x4 but transposed: lane l holds rows 2(l%4), 2(l%4)+1 of column l/4.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+#endif
+}
+
+/// d[16x8] += a[16x16] · b[16x8], bf16 inputs, f32 accumulation. With g = lane / 4 and
+/// c = 2·(lane % 4): a = {(g, c..c+1), (g+8, c..c+1), (g, c+8..c+9), (g+8, c+8..c+9)} as (row,
+/// k) pairs; b = {(k c..c+1, col g), (k c+8..c+9, col g)}; d = {(g, c), (g, c+1), (g+8, c),
+/// (g+8, c+1)}.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/// Two floats as a bf16x2 register, `lo` in the low half (the lower column of a fragment).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+/// The A fragment (16 rows x 16 k) for k-step kk of a 16-row block held as m16n8 accumulators
+/// c[n-block][4] (n-blocks 2kk and 2kk+1), rounded to bf16: how P and dS stay in registers
+/// between the two MMAs of a FlashAttention-2 step.
+template <int NB>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[NB][4], int kk) {
+  a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/// Smem byte offset pattern of ldmatrix.x4 for a row-major [rows][ld] bf16 tile:
+///  - a_off: the A fragment of rows r0..r0+15, k-columns k0..k0+15 (also the B fragments of
+///    a [k][n] row-major tile with .trans: k-rows r0..r0+15, n-columns k0..k0+7 → regs 0,1 and
+///    k0+8..k0+15 → regs 2,3);
+///  - b_off: the B fragments of a [n][k] row-major tile (i.e. Bᵀ stored), n-rows r0..r0+7 →
+///    regs 0,1 and r0+8..r0+15 → regs 2,3, k-columns k0..k0+15.
+__device__ __forceinline__ int a_off(int lane, int r0, int k0, int ld) {
+  return (r0 + (lane & 15)) * ld + k0 + ((lane >> 4) << 3);
+}
+__device__ __forceinline__ int b_off(int lane, int r0, int k0, int ld) {
+  return (r0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (((lane >> 3) & 1) << 3);
+}
+
+/// Issues the cp.async copies of rows [r0, r0 + ROWS) of one head (row r at g + r·stride, DH
+/// contiguous bf16) into a shared tile [ROWS][DH + 8]; rows ≥ n are zero-filled. All
+/// kTcThreads threads of the block must call it. The 8-element row padding shifts consecutive
+/// rows by 16 bytes (mod 128), so the 8 row addresses of every ldmatrix hit distinct banks.
+template <int ROWS, int DH>
+__device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t stride, int r0, int n) {
+  constexpr int kChunks = DH / 8, kLd = DH + 8;
+  static_assert(ROWS * kChunks % kTcThreads == 0, "tile chunks must split evenly over the block");
+#pragma unroll
+  for (int it = 0; it < ROWS * kChunks / kTcThreads; ++it) {
+    const int i = it * kTcThreads + int(threadIdx.x);
+    const int r = i / kChunks, c = i % kChunks, t = r0 + r;
+    const bool ok = t < n;
+    cp_async_16(s + r * kLd + c * 8, g + (ok ? int64_t(t) * stride : 0) + c * 8, ok);
+  }
+}
+
+}  // namespace meshtrain::cuda::attn

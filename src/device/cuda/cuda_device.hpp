@@ -1,0 +1,182 @@
+#pragma once
+/// @file CudaDevice: the CUDA backend of the Device interface (DESIGN.md, Core interfaces).
+/// Memory comes from a CachingAllocator over cudaMalloc (freed blocks are reused, so steady
+/// state never calls the synchronizing cudaFree). Kernels run in order on one compute stream;
+/// collectives (NcclCommunicator) run on a communication stream ordered against it by events.
+/// GEMMs go through cuBLASLt with fp32 accumulation; every other kernel is ours.
+///
+/// Dtypes: every kernel takes f32 tensors as the CPU backend does, and also bf16 for
+/// activations and parameter values (all such tensors of one call share one dtype). Statistics
+/// (rstd, lse, CE stats), optimizer state, master weights and accumulated gradients (dw,
+/// grad_weight, matmul C with beta = 1) stay f32; kernels accumulate in f32 whatever the input.
+///
+/// Host synchronization happens only where a value is needed on the host: download,
+/// cross_entropy / cross_entropy_combine (the loss), sum_squares (the gradient norm) and
+/// synchronize(). A token or target id outside the vocabulary sets a device flag that the next
+/// of those calls turns into std::out_of_range.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "device/device.hpp"
+
+namespace meshtrain {
+
+/// Datasheet peak dense (no sparsity) bf16 tensor-core FLOP/s of a GPU named `name`
+/// (cudaDeviceProp::name, matched case-insensitively) with compute capability major.minor:
+/// H100 / H200 / GH200 SXM 989.4e12, H100 PCIe 756e12, H100 NVL / H200 NVL 835e12 (sm_90);
+/// A100 312e12 (sm_80). Sources: NVIDIA H100, H200 and A100 datasheets (the sparse figures
+/// there are twice these). 0 when unknown or when the name and compute capability disagree.
+/// Throws nothing.
+double datasheet_peak_bf16_flops(const std::string& name, int major, int minor);
+
+class CudaDevice final : public Device {
+ public:
+  /// Selects GPU `ordinal` (cudaSetDevice on the calling thread), creates the compute and
+  /// communication streams (non-blocking: they never synchronize with the legacy default
+  /// stream), the cuBLASLt handle with a 32 MiB workspace, the id error flag and the caching
+  /// allocator over cudaMalloc. An allocation the GPU cannot satisfy first returns the cache to
+  /// the driver and retries once, then throws std::bad_alloc whose what() names the bytes
+  /// requested and cudaMemGetInfo's free / total bytes.
+  /// @throws std::runtime_error naming the CUDA call when the GPU cannot be used.
+  explicit CudaDevice(int ordinal);
+  /// Waits for both streams and frees everything; throws nothing. Every Tensor allocated on this
+  /// device must be released before (their storage returns to this device's allocator).
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  Allocator* allocator() override { return alloc_.get(); }
+  /// Waits for both streams; throws std::out_of_range when a kernel flagged a bad token id and
+  /// std::runtime_error on an asynchronous CUDA error.
+  void synchronize() override;
+  /// The datasheet bf16 peak of this GPU (measured = false); @throws std::runtime_error for
+  /// a GPU missing from the table (MFU would be meaningless).
+  double peak_flops(bool* measured) override;
+
+  int ordinal() const { return ordinal_; }
+  /// "NVIDIA H100 80GB HBM3" etc. (cudaDeviceProp::name).
+  const std::string& gpu_name() const { return gpu_name_; }
+  cudaStream_t compute_stream() const { return compute_; }
+  cudaStream_t comm_stream() const { return comm_; }
+  /// Makes the communication stream wait for all compute work queued so far (an event), so a
+  /// collective launched next on comm_stream() sees the tensors the compute stream wrote. No
+  /// host blocking. Call from the thread that queues work (it reuses one event).
+  void comm_wait_for_compute();
+  /// Makes the compute stream wait for all communication queued so far. No host blocking.
+  void compute_wait_for_comm();
+
+  /// Copies `bytes` (≤ dst.nbytes()) from host memory into dst, in compute-stream order. The
+  /// host buffer may be reused as soon as this returns: it is copied into one of a few pinned
+  /// bounce buffers (4 × 4 MiB, chunked for larger copies) whose DMA runs asynchronously, so
+  /// the host blocks only when every bounce buffer still waits for its copy.
+  /// @throws std::out_of_range when bytes > dst.nbytes() (as CpuDevice); std::runtime_error
+  ///         on a CUDA error.
+  void upload(const Tensor& dst, const void* host, size_t bytes) override;
+  /// Copies `bytes` (≤ src.nbytes()) of src into host memory after all queued compute work
+  /// (waits for the compute stream). @throws std::out_of_range when bytes > src.nbytes() or
+  /// when a kernel flagged a bad token id; std::runtime_error on a CUDA error.
+  void download(void* host, const Tensor& src, size_t bytes) override;
+  /// cuBLASLt GEMM on row-major 2-D tensors with fp32 accumulation (CUBLAS_COMPUTE_32F, never
+  /// TF32, so f32 matches the CPU to ~1e-5): A, B, C all f32; A, B, C bf16; or A, B bf16 with
+  /// C f32 (gradient accumulation with beta = 1). Views may start at any element offset: the
+  /// algorithm is chosen for the pointers' actual alignment (when cuBLASLt has none for them,
+  /// misaligned operands are copied to aligned temporaries). With beta = 0, C is not read.
+  /// @throws std::invalid_argument on non-2-D tensors, mismatched shapes or another dtype mix.
+  void matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+              float beta) override;
+  void embedding_forward(const Tensor& weight, const Tensor& tokens, const Tensor& out, int64_t vocab_start,
+                         int64_t vocab_size) override;
+  void embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight,
+                          int64_t vocab_start) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                        const Tensor& dw) override;
+  void add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
+                           const Tensor& rstd) override;
+  void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                 const Tensor& residual, const Tensor& dx, const Tensor& dw) override;
+  void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                         float scale) override;
+  void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) override;
+  void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
+  void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
+                       const Tensor& db) override;
+  double cross_entropy(const Tensor& logits, const Tensor& targets, const Tensor& dlogits, float grad_scale) override;
+  void cross_entropy_partial(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t vocab_size,
+                             const Tensor& stats) override;
+  double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) override;
+  void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
+                          const Tensor& dlogits, float grad_scale) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+             const AdamWParams& p) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(const Tensor& x, float alpha) override;
+  void add(const Tensor& y, const Tensor& x, float alpha) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) override;
+  void fill(const Tensor& x, float value) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
+
+  /// Device-side error flag (first bad id + 1, 0 = none) the id-checking kernels set.
+  int* error_flag() const { return error_flag_; }
+
+ private:
+  /// Throws std::out_of_range("token id N is outside the vocabulary ...") when a kernel flagged
+  /// a bad id since the last check, and clears the flag. Reads the flag in compute-stream
+  /// order (waits for the compute stream), so it may be called at any time.
+  void check_error_flag();
+  /// fp64 scratch for reductions returned to the host: returns device memory of ≥ n doubles
+  /// and makes host_scratch_ (pinned) hold ≥ n doubles too. Grown on demand; the old buffers
+  /// are freed only after the compute stream drained, so kernels queued earlier never see a
+  /// freed buffer. The pointers stay valid until the next call with a larger n.
+  double* reduce_scratch(int64_t n);
+
+  /// A cached cuBLASLt matmul: descriptors and the heuristic's best algorithm for one problem.
+  struct MatmulPlan;
+  /// (m, n, k, trans_a, trans_b, A/B dtype, C dtype, alignment of A, B, C in bytes ≤ 256).
+  /// alpha and beta are not part of it: the heuristic does not see them, and an algorithm is
+  /// valid for any scalars.
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int>;
+  /// The cached plan of `key`, created on first use (thread-safe); plan.usable is false when
+  /// cuBLASLt has no algorithm for it. @throws std::runtime_error on a cuBLASLt error.
+  const MatmulPlan& matmul_plan(const PlanKey& key);
+  /// Frees every CUDA resource this object holds (null handles skipped); throws nothing.
+  void release_resources() noexcept;
+
+  int ordinal_ = 0;
+  std::string gpu_name_;
+  int cc_major_ = 0, cc_minor_ = 0;
+  std::unique_ptr<CachingAllocator> alloc_;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+  int* error_flag_ = nullptr;
+  double* scratch_ = nullptr;
+  double* host_scratch_ = nullptr;  // pinned
+  int64_t scratch_n_ = 0;
+  std::mutex plan_mu_;
+  std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
+  // Pinned bounce buffers of upload(), used round-robin; stage_done_[i] is recorded on the
+  // compute stream after the copy out of buffer i, so the buffer is refilled only after it.
+  static constexpr int kStageSlots = 4;
+  static constexpr size_t kStageBytes = size_t(4) << 20;
+  std::mutex stage_mu_;
+  std::array<void*, kStageSlots> stage_buf_{};
+  std::array<cudaEvent_t, kStageSlots> stage_done_{};
+  int stage_next_ = 0;
+};
+
+}  // namespace meshtrain

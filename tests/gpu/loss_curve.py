@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""200 steps of a debug deck on the GPU (bf16 mixed precision by default) follow the CPU
+(float32 reference) loss curve: at every logged step |loss_gpu - loss_cpu| / loss_cpu <= --tol
+(2%), and the final validation losses too. Exits 77 (ctest SKIPPED) when this meshtrain has no
+CUDA backend or no GPU is visible, which it learns from meshtrain itself (a 1-step probe run).
+
+Usage: loss_curve.py --meshtrain BIN --deck DECK --data TOKENS.h5 --out DIR [--steps 200]
+       [--precision bfloat16|float32] [--tol 0.02] [-- extra overrides]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+SKIP = 77
+
+
+def run(bin_, deck, data, out, device, precision, steps, extra):
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [bin_, "train", "--deck", deck, f"--training.dataset={data}", f"--job.dump_folder={out}",
+           f"--training.device={device}", f"--training.mixed_precision_param={precision}",
+           f"--training.steps={steps}", "--checkpoint.enable=false", "--metrics.log_freq=10",
+           f"--validation.freq={steps}", "--validation.steps=4"] + extra
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    return p, os.path.join(out, "metrics.jsonl")
+
+
+def curve(path):
+    train, val = {}, None
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "loss" in r and "step" in r:
+                train[r["step"]] = r["loss"]
+            if "val_loss" in r:
+                val = r["val_loss"]
+    return train, val
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--meshtrain", required=True)
+    ap.add_argument("--deck", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--precision", default="bfloat16")
+    ap.add_argument("--tol", type=float, default=0.02)
+    ap.add_argument("extra", nargs="*")
+    a = ap.parse_args()
+
+    probe, _ = run(a.meshtrain, a.deck, a.data, os.path.join(a.out, "probe"), "cuda", a.precision, 1, a.extra)
+    if probe.returncode != 0:
+        msg = probe.stderr + probe.stdout
+        if "built without CUDA" in msg or "no GPU is visible" in msg:
+            print("SKIPPED: " + msg.strip().splitlines()[-1])
+            return SKIP
+        print(msg)
+        print("FAIL: the 1-step GPU probe run failed")
+        return 1
+
+    results = {}
+    for device, precision in (("cpu", "float32"), ("cuda", a.precision)):
+        p, metrics = run(a.meshtrain, a.deck, a.data, os.path.join(a.out, device), device, precision, a.steps, a.extra)
+        if p.returncode != 0:
+            print(p.stdout + p.stderr)
+            print(f"FAIL: the {device} run exited with status {p.returncode}")
+            return 1
+        results[device] = curve(metrics)
+
+    (cpu, cpu_val), (gpu, gpu_val) = results["cpu"], results["cuda"]
+    worst, failures = 0.0, []
+    print(f"{'step':>6} {'cpu loss':>10} {'gpu loss':>10} {'rel diff':>9}")
+    for step in sorted(cpu):
+        if step not in gpu:
+            failures.append(f"step {step}: no GPU record")
+            continue
+        d = abs(gpu[step] - cpu[step]) / abs(cpu[step])
+        worst = max(worst, d)
+        print(f"{step:>6} {cpu[step]:>10.4f} {gpu[step]:>10.4f} {d:>9.4%}")
+        if d > a.tol:
+            failures.append(f"step {step}: cpu {cpu[step]:.4f} gpu {gpu[step]:.4f} ({d:.2%} > {a.tol:.0%})")
+    if cpu_val is None or gpu_val is None:
+        failures.append("no validation loss recorded")
+    else:
+        dv = abs(gpu_val - cpu_val) / abs(cpu_val)
+        print(f"final val_loss cpu {cpu_val:.4f} gpu {gpu_val:.4f} ({dv:.3%})")
+        if dv > a.tol:
+            failures.append(f"val_loss: cpu {cpu_val:.4f} gpu {gpu_val:.4f} ({dv:.2%} > {a.tol:.0%})")
+    print(f"worst train-loss difference {worst:.3%} over {len(cpu)} logged steps ({a.precision} on the GPU)")
+    if failures:
+        print("FAIL:\n  " + "\n  ".join(failures))
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
