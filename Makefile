@@ -39,15 +39,19 @@ run: deps-run build corpus
 bench: build
 	/usr/bin/python3 perf/cpu_step_bench.py
 
-# Relocatable tarball for GPU nodes: $(BUILD_DIR)/meshtrain-bundle-<version>-<commit>.tar.gz
+# Relocatable tarball for GPU nodes: $(BUNDLE_BUILD_DIR)/meshtrain-bundle-<version>-<commit>.tar.gz
 # (scripts/make-bundle.sh; BUNDLE_CUDA_LIBS=0 leaves cudart/cuBLAS/NCCL to the node's toolkit).
-bundle: build
-	scripts/make-bundle.sh $(BUILD_DIR)
+# Built apart, without -march=native, so the binary runs on the GPU nodes' CPUs as well.
+BUNDLE_BUILD_DIR ?= build-portable
+bundle: deps
+	cmake -S . -B $(BUNDLE_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_NATIVE=OFF
+	cmake --build $(BUNDLE_BUILD_DIR) -j $(JOBS) --target meshtrain
+	scripts/make-bundle.sh $(BUNDLE_BUILD_DIR)
 
 # Unpacks the newest bundle and runs it with an empty environment (and, as root, in a mount
 # namespace without the system's Open MPI and libraries): scripts/check-bundle.sh.
 bundle-check: bundle
-	scripts/check-bundle.sh "$$(ls -t $(BUILD_DIR)/meshtrain-bundle-*.tar.gz | head -1)"
+	scripts/check-bundle.sh "$$(ls -t $(BUNDLE_BUILD_DIR)/meshtrain-bundle-*.tar.gz | head -1)"
 
 # One-GPU benchmark: meshtrain vs PyTorch eager and torch.compile on the Llama 3.2 1B shape
 # (perf/gpu_step_bench.py; needs a CUDA build and a GPU).

@@ -238,7 +238,8 @@ def meshtrain_trial(mt, deck, batch, steps, warmup, work, env, timeout=None):
     os.makedirs(dump)
     log = os.path.join(work, name + ".log")
     cmd = mt + ["train", "--deck", deck, f"--training.local_batch_size={batch}",
-                f"--training.global_batch_size={batch}", f"--training.steps={steps}", f"--job.dump_folder={dump}"]
+                f"--training.global_batch_size={batch}", f"--training.steps={steps}", f"--job.dump_folder={dump}",
+                "--job.final_dump=false"]
     rc, out = run(cmd, log=log, env=env, timeout=timeout)
     if rc == 124:
         die(f"meshtrain train at local batch {batch} did not finish in {timeout} s (--trial-timeout); log {log}")
@@ -325,7 +326,7 @@ def nsys_kernels(args, mt, deck, batch, work, env):
     cmd = [nsys, "profile", "--trace=cuda", "--sample=none", "--cpuctxsw=none", "--force-overwrite=true",
            "-o", prefix] + mt + ["train", "--deck", deck, f"--training.local_batch_size={batch}",
                                  f"--training.global_batch_size={batch}", f"--training.steps={args.profile_steps}",
-                                 f"--job.dump_folder={dump}"]
+                                 f"--job.dump_folder={dump}", "--job.final_dump=false"]
     sh(cmd, "nsys profile of meshtrain train", log=os.path.join(work, "nsys_profile.log"), env=env)
     shutil.rmtree(dump, ignore_errors=True)
     reps = glob.glob(prefix + ".nsys-rep") + glob.glob(prefix + ".qdrep")

@@ -53,6 +53,7 @@ int cmd_train(int argc, char** argv) {
         if (args.deck.empty()) throw ConfigError("command line: --deck FILE is required (meshtrain train --deck FILE)");
         cfg = load_job_config(args.deck, args.overrides);
         dims = cfg.validate(mpi.world_size());
+        check_device(cfg);  // a GPU deck on a node without one stops here, before any collective
         if (!cfg.topology.file.empty()) topo = Topology::from_slurm_conf(cfg.topology.file);
       }))
     return kExitConfig;
@@ -61,7 +62,6 @@ int cmd_train(int argc, char** argv) {
                                               cfg.topology.allow_cross_node_tp);
         store = std::make_unique<TokenStore>(cfg.training.dataset);
         check_dataset(cfg, *store);
-        check_device(cfg);
       }))
     return kExitConfig;
   MpiCommunicator world(MPI_COMM_WORLD, "world");

@@ -16,6 +16,7 @@ namespace meshtrain {
 struct JobSection {
   std::string dump_folder;   ///< run output folder; "" means checkpoint/<deck name>/
   std::string description;   ///< free text, copied into metrics and /meta
+  bool final_dump = true;    ///< write model_final.h5 (unsharded f32 weights) at the end of the run
 };
 
 /// [model]: name + flavor select a published shape; the other keys override single fields

@@ -150,6 +150,8 @@ std::vector<Option> build_option_table() {
           "run output folder (metrics.jsonl, deck.resolved.toml, checkpoints); \"\" = checkpoint/<deck file stem>/", {},
           "path");
     s.str("description", &JobSection::description, "free text describing the run, copied into the run's metadata");
+    s.boolean("final_dump", &JobSection::final_dump,
+              "write model_final.h5 (every parameter unsharded, float32) when the run ends; benchmarks turn it off");
   }
   {
     Section<ModelSection> s{o, "model", &JobConfig::model};

@@ -8,6 +8,7 @@
 /// accumulated gradients are f32 on every backend.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.hpp"
 
@@ -20,6 +21,19 @@ struct AdamWParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;  ///< t, counting from 1
 };
+
+/// One tensor of a multi-tensor AdamW step: flat f32 views of equal numel and its weight decay.
+struct AdamWSegment {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  float weight_decay = 0;
+};
+
+/// {M, N, K} of C[M, N] = op(A)[M, K] · op(B)[K, N] (Device::matmul's operands).
+/// @throws std::invalid_argument unless A, B, C are 2-D with matching extents.
+struct MatmulDims {
+  int64_t m, n, k;
+};
+MatmulDims matmul_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c);
 
 class Device {
  public:
@@ -128,8 +142,16 @@ class Device {
   /// One AdamW step on flat tensors of equal numel (param, grad, exp_avg, exp_avg_sq).
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                      const AdamWParams& p) = 0;
+  /// adamw() on every segment (its own weight decay; p.weight_decay is not used), as one
+  /// multi-tensor launch per batch of segments on CUDA. Same arithmetic as adamw() per element.
+  /// @throws std::invalid_argument as adamw().
+  virtual void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p);
   /// Σ x² in fp64 (for the global gradient norm).
   virtual double sum_squares(const Tensor& x) = 0;
+  /// Σ_i sum_squares(xs[i]) / divisors[i] (fp64, in i order): the gradient norm's square over
+  /// many tensors with one host synchronization on CUDA. @throws std::invalid_argument when
+  /// the vectors differ in length.
+  virtual double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors);
   /// x *= alpha.
   virtual void scale(const Tensor& x, float alpha) = 0;
   /// y += alpha · x (equal numel).

@@ -26,6 +26,36 @@ int cuda_device_count() {
 #endif
 }
 
+void Device::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
+  AdamWParams q = p;
+  for (const AdamWSegment& s : segments) {
+    q.weight_decay = s.weight_decay;
+    adamw(s.param, s.grad, s.exp_avg, s.exp_avg_sq, q);
+  }
+}
+
+double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors) {
+  if (xs.size() != divisors.size())
+    throw std::invalid_argument("sum_squares_multi: " + std::to_string(xs.size()) + " tensors but " +
+                                std::to_string(divisors.size()) + " divisors");
+  double s = 0;
+  for (size_t i = 0; i < xs.size(); ++i) s += sum_squares(xs[i]) / divisors[i];
+  return s;
+}
+
+MatmulDims matmul_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2)
+    throw std::invalid_argument("matmul needs 2-D tensors, got " + shape_str(a.shape()) + " " + shape_str(b.shape()) +
+                                " " + shape_str(c.shape()));
+  const int64_t m = trans_a ? a.dim(1) : a.dim(0), k = trans_a ? a.dim(0) : a.dim(1);
+  const int64_t kb = trans_b ? b.dim(1) : b.dim(0), n = trans_b ? b.dim(0) : b.dim(1);
+  if (k != kb || c.dim(0) != m || c.dim(1) != n)
+    throw std::invalid_argument("matmul shape mismatch: op(A) " + std::to_string(m) + "x" + std::to_string(k) +
+                                ", op(B) " + std::to_string(kb) + "x" + std::to_string(n) + ", C " +
+                                shape_str(c.shape()));
+  return {m, n, k};
+}
+
 bool cuda_build() {
 #ifdef MESHTRAIN_HAVE_CUDA
   return true;

@@ -27,13 +27,15 @@ void AdamW::step(float lr) {
   p.beta2 = float(cfg_.beta2);
   p.eps = float(cfg_.eps);
   p.step = t_;
+  std::vector<AdamWSegment> segments;
   for (size_t i = 0; i < shards_.size(); ++i) {
     const LocalShard& s = shards_[i];
     const int64_t n = s.value.numel();
     if (n == 0) continue;  // a tensor with fewer rows than the shard group
-    p.weight_decay = (s.param->weight_decay || cfg_.decay_embeddings_and_norms) ? float(cfg_.weight_decay) : 0.0f;
-    dev_.adamw(s.value, s.grad, m_.view({n}, offsets_[i]), v_.view({n}, offsets_[i]), p);
+    const float wd = (s.param->weight_decay || cfg_.decay_embeddings_and_norms) ? float(cfg_.weight_decay) : 0.0f;
+    segments.push_back({s.value, s.grad, m_.view({n}, offsets_[i]), v_.view({n}, offsets_[i]), wd});
   }
+  dev_.adamw_multi(segments, p);  // one launch per batch of tensors on CUDA (multi-tensor apply)
 }
 
 double grad_norm(Device& dev, GradientSync& sync, Communicator* tp) {

@@ -397,8 +397,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
   note_peaks();  // before the dump gathers every parameter at once
-  sync->gather_full_parameters();  // collective
-  {
+  if (cfg.job.final_dump) {
+    sync->gather_full_parameters();  // collective
     DumpOptions dump;
     std::vector<std::vector<float>> global;
     if (tp.active()) {  // reassemble the slabs (collective over tp)
@@ -406,8 +406,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       dump.global_values = &global;
     }
     if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev, dump);
+    sync->release_full_parameters();
   }
-  sync->release_full_parameters();
   // Per-category peaks of the largest rank (shards are uneven when shapes do not divide).
   std::array<double, kNumMemCategories> peaks{};
   for (int c = 0; c < kNumMemCategories; ++c) peaks[c] = double(run_peak[c]);

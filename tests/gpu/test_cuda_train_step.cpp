@@ -23,6 +23,8 @@ using namespace meshtrain::gputest;
 
 namespace {
 
+constexpr double kLr = 1e-3;  // AdamW's lr in the compared step
+
 struct StepResult {
   double loss = 0;
   std::vector<std::string> names;
@@ -62,7 +64,7 @@ StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::mt19937_64 g(seed);
   std::uniform_int_distribution<int32_t> d(0, int32_t(vocab - 1));
-  std::vector<int32_t> v(size_t(n));
+  std::vector<int32_t> v(static_cast<size_t>(n));
   for (auto& x : v) x = d(g);
   return v;
 }
@@ -73,7 +75,6 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
-constexpr double kLr = 1e-3;
 
 void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_tol, double value_tol,
              CheckpointPolicy policy = {}) {

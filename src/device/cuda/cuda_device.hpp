@@ -120,7 +120,9 @@ class CudaDevice final : public Device {
                           const Tensor& dlogits, float grad_scale) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
              const AdamWParams& p) override;
+  void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) override;
   double sum_squares(const Tensor& x) override;
+  double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors) override;
   void scale(const Tensor& x, float alpha) override;
   void add(const Tensor& y, const Tensor& x, float alpha) override;
   void copy(const Tensor& dst, const Tensor& src) override;
