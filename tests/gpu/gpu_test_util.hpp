@@ -18,6 +18,7 @@
 
 #include "device/device.hpp"
 #include "tensor/bf16.hpp"
+#include "tensor_values.hpp"
 
 namespace meshtrain::gputest {
 
@@ -33,31 +34,11 @@ inline Device& cpu() { return *devices().cpu; }
 inline Device& gpu() { return *devices().gpu; }
 
 /// Host values of t (f32, bf16 widened, i32 converted) as floats.
-inline std::vector<float> host_values(Device& dev, const Tensor& t) {
-  std::vector<float> out(size_t(t.numel()));
-  if (t.dtype() == DType::kF32) {
-    dev.download(out.data(), t, t.nbytes());
-  } else if (t.dtype() == DType::kBF16) {
-    std::vector<uint16_t> h(out.size());
-    dev.download(h.data(), t, t.nbytes());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = float_from_bf16(h[i]);
-  } else {
-    std::vector<int32_t> h(out.size());
-    dev.download(h.data(), t, t.nbytes());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = float(h[i]);
-  }
-  return out;
-}
+inline std::vector<float> host_values(Device& dev, const Tensor& t) { return testing::tensor_values(dev, t); }
 
 /// Uploads float values into t (rounded to bf16 when t is bf16).
 inline void set_values(Device& dev, const Tensor& t, const std::vector<float>& v) {
-  if (t.dtype() == DType::kF32) {
-    dev.upload(t, v.data(), t.nbytes());
-  } else {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = bf16_from_float(v[i]);
-    dev.upload(t, h.data(), t.nbytes());
-  }
+  testing::set_tensor_values(dev, t, v);
 }
 
 /// n values ~ N(0, std²) from `seed`, rounded to bf16 when `round_bf16` (so the CPU reference

@@ -421,6 +421,64 @@ BOOST_AUTO_TEST_CASE(sum_squares_matches_cpu_and_is_deterministic) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(adamw_multi_matches_cpu_per_segment) {
+  // 53 segments (three launches of at most 24), sizes from 1 to 300k, every fourth misaligned
+  // (the scalar pass), weight decay alternating, two steps; CPU: adamw() per segment.
+  uint64_t seed = 1150;
+  struct Seg {
+    Pair w, g, m, v;
+    float wd;
+  };
+  std::vector<Seg> segs;
+  for (int i = 0; i < 53; ++i) {
+    const int64_t n = i == 0 ? 1 : (i * 5711) % 300007 + 3;
+    const int64_t off = i % 4 == 3 ? 1 : 0;
+    Seg s{offset_pair({n}, DType::kF32, ++seed, off), offset_pair({n}, DType::kF32, ++seed, off, 0.01f),
+          offset_pair({n}, DType::kF32, ++seed, off, 0.01f), Pair{}, i % 2 ? 0.1f : 0.0f};
+    std::vector<float> v0 = randn(n, ++seed, 1e-4f);
+    for (float& x : v0) x = std::fabs(x);
+    s.v = make_pair({n}, DType::kF32, v0);
+    segs.push_back(std::move(s));
+  }
+  AdamWParams p;
+  p.lr = 1e-3f, p.beta1 = 0.9f, p.beta2 = 0.95f, p.eps = 1e-8f;
+  for (int64_t step = 1; step <= 2; ++step) {
+    p.step = step;
+    std::vector<AdamWSegment> gpu_segs;
+    for (Seg& s : segs) {
+      AdamWParams q = p;
+      q.weight_decay = s.wd;
+      cpu().adamw(s.w.c, s.g.c, s.m.c, s.v.c, q);
+      gpu_segs.push_back({s.w.g, s.g.g, s.m.g, s.v.g, s.wd});
+    }
+    gpu().adamw_multi(gpu_segs, p);
+  }
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const std::string what = "adamw_multi segment " + std::to_string(i);
+    expect_close(segs[i].w, DType::kF32, what + " param");
+    expect_close(segs[i].m, DType::kF32, what + " exp_avg");
+    expect_close(segs[i].v, DType::kF32, what + " exp_avg_sq");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sum_squares_multi_matches_cpu) {
+  uint64_t seed = 1250;
+  std::vector<Pair> xs;
+  std::vector<Tensor> c, g;
+  std::vector<double> div;
+  for (int i = 0; i < 41; ++i) {
+    const int64_t n = (i * 7919) % 200003 + 1;
+    xs.push_back(offset_pair({n}, DType::kF32, ++seed, i % 3 == 2 ? 1 : 0));
+    c.push_back(xs.back().c);
+    g.push_back(xs.back().g);
+    div.push_back(i % 5 == 0 ? 2.0 : 1.0);
+  }
+  const double want = cpu().sum_squares_multi(c, div), got = gpu().sum_squares_multi(g, div);
+  check_scalar(got, want, 1e-9, "sum_squares_multi");
+  BOOST_CHECK_EQUAL(gpu().sum_squares_multi(g, div), got);  // bitwise repeatable
+  BOOST_CHECK_THROW(gpu().sum_squares_multi(g, {1.0}), std::invalid_argument);
+}
+
 // ---- flat ops ----
 
 BOOST_AUTO_TEST_CASE(scale_add_copy_match_cpu) {

@@ -10,6 +10,7 @@
 #include "comm/staged_communicator.hpp"
 #include "device/device.hpp"
 #include "mpi/mpi_fixture.hpp"
+#include "tensor_values.hpp"
 #include "tensor/bf16.hpp"
 
 using namespace meshtrain;
@@ -23,35 +24,11 @@ int64_t sent(const Communicator& c, CollectiveKind k) { return c.bytes_sent()[in
 
 Tensor make(Device& dev, DType dt, const std::vector<float>& v) {
   Tensor t = dev.empty({int64_t(v.size())}, dt, MemCategory::kCommunication);
-  if (dt == DType::kF32) {
-    dev.upload(t, v.data(), t.nbytes());
-  } else if (dt == DType::kBF16) {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = bf16_from_float(v[i]);
-    dev.upload(t, h.data(), t.nbytes());
-  } else {
-    std::vector<int32_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = int32_t(v[i]);
-    dev.upload(t, h.data(), t.nbytes());
-  }
+  testing::set_tensor_values(dev, t, v);
   return t;
 }
 
-std::vector<float> values(Device& dev, const Tensor& t) {
-  std::vector<float> out(size_t(t.numel()));
-  if (t.dtype() == DType::kF32) {
-    dev.download(out.data(), t, t.nbytes());
-  } else if (t.dtype() == DType::kBF16) {
-    std::vector<uint16_t> h(out.size());
-    dev.download(h.data(), t, t.nbytes());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = float_from_bf16(h[i]);
-  } else {
-    std::vector<int32_t> h(out.size());
-    dev.download(h.data(), t, t.nbytes());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = float(h[i]);
-  }
-  return out;
-}
+std::vector<float> values(Device& dev, const Tensor& t) { return testing::tensor_values(dev, t); }
 
 std::unique_ptr<Device> cpu_device() { return make_device("cpu", 1); }
 
