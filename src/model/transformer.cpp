@@ -94,8 +94,12 @@ void Transformer::params_changed(size_t u) {
 
 void Transformer::params_changed() { std::fill(stale_.begin(), stale_.end(), 1); }
 
+void Transformer::compute_written(size_t u) {
+  for (Parameter* p : unit_parameters(u)) stale_[index_of(p)] = 0;
+}
+
 void Transformer::release_compute(size_t u) {
-  if (flat_compute_.defined() || !unit_compute_[u].defined()) return;
+  if (flat_compute_.defined()) return;
   for (Parameter* p : unit_parameters(u)) {
     p->compute = Tensor();
     stale_[index_of(p)] = 1;

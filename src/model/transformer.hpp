@@ -76,8 +76,11 @@ class Transformer {
   void params_changed(size_t u);
   /// Every parameter's value changed.
   void params_changed();
-  /// Drops unit u's per-unit compute buffer (FSDP after resharding). No-op when the model holds
-  /// a flat compute buffer.
+  /// Unit u's own parameters had their compute copies written directly (FSDP's bf16 gather):
+  /// they are current, nothing to recast.
+  void compute_written(size_t u);
+  /// Unbinds unit u's compute copies (FSDP after resharding) and drops its per-unit buffer.
+  /// No-op when the model holds a flat compute buffer.
   void release_compute(size_t u);
 
  private:

@@ -195,6 +195,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     // TorchTitan's "default": reshard after forward unless pipeline parallel (pp == 1 here).
     so.reshard_after_forward = cfg.parallelism.fsdp_reshard_after_forward != "never";
     so.reduce_dtype = reduce_dtype;
+    so.param_dtype = compute_dtype;  // FSDP2's param_dtype: ZeRO-3 gathers bf16 under mixed precision
     auto sdp = std::make_unique<ShardedDataParallel>(model, dev, fsdp_comm, &dcomms.get(MeshDim::kDpReplicate), so);
     sdp->init_weights(uint64_t(cfg.training.seed));
     sync = std::move(sdp);

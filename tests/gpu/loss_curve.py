@@ -5,7 +5,9 @@
 CUDA backend or no GPU is visible, which it learns from meshtrain itself (a 1-step probe run).
 
 Usage: loss_curve.py --meshtrain BIN --deck DECK --data TOKENS.h5 --out DIR [--steps 200]
-       [--precision bfloat16|float32] [--tol 0.02] [-- extra overrides]
+       [--precision bfloat16|float32] [--tol 0.02] [--np N --mpirun MPIRUN] [-- extra overrides]
+With --np N both runs use N ranks under mpirun (on one GPU the ranks share it and collectives
+go through host-staged MPI), so FSDP and TP run their GPU code paths.
 """
 import argparse
 import json
@@ -17,9 +19,11 @@ import sys
 SKIP = 77
 
 
-def run(bin_, deck, data, out, device, precision, steps, extra):
+def run(a, out, device, precision, steps):
+    bin_, deck, data, extra = a.meshtrain, a.deck, a.data, a.extra
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [bin_, "train", "--deck", deck, f"--training.dataset={data}", f"--job.dump_folder={out}",
+    launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)] if a.np > 1 else []
+    cmd = launch + [bin_, "train", "--deck", deck, f"--training.dataset={data}", f"--job.dump_folder={out}",
            f"--training.device={device}", f"--training.mixed_precision_param={precision}",
            f"--training.steps={steps}", "--checkpoint.enable=false", "--metrics.log_freq=10",
            f"--validation.freq={steps}", "--validation.steps=4"] + extra
@@ -48,10 +52,12 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--precision", default="bfloat16")
     ap.add_argument("--tol", type=float, default=0.02)
+    ap.add_argument("--np", type=int, default=1)
+    ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
 
-    probe, _ = run(a.meshtrain, a.deck, a.data, os.path.join(a.out, "probe"), "cuda", a.precision, 1, a.extra)
+    probe, _ = run(a, os.path.join(a.out, "probe"), "cuda", a.precision, 1)
     if probe.returncode != 0:
         msg = probe.stderr + probe.stdout
         if "built without CUDA" in msg or "no GPU is visible" in msg:
@@ -63,7 +69,7 @@ def main():
 
     results = {}
     for device, precision in (("cpu", "float32"), ("cuda", a.precision)):
-        p, metrics = run(a.meshtrain, a.deck, a.data, os.path.join(a.out, device), device, precision, a.steps, a.extra)
+        p, metrics = run(a, os.path.join(a.out, device), device, precision, a.steps)
         if p.returncode != 0:
             print(p.stdout + p.stderr)
             print(f"FAIL: the {device} run exited with status {p.returncode}")

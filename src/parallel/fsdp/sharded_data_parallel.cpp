@@ -75,7 +75,10 @@ void ShardedDataParallel::start_gather(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready || s.gather) return;
   const ShardUnit& su = plan_.units[f];
-  if (shards_params()) {
+  if (gather_bf16()) {
+    s.gather_send = dev_.empty({su.shard_elems}, DType::kBF16, MemCategory::kCommunication);
+    dev_.cast(s.gather_send, s.shard_values);
+  } else if (shards_params()) {
     s.gather_send = s.shard_values;
   } else {  // ZeRO-1/2: the updated rows live in the replicated parameters; pack them
     s.gather_send = dev_.empty({su.shard_elems}, DType::kF32, MemCategory::kCommunication);
@@ -87,7 +90,7 @@ void ShardedDataParallel::start_gather(size_t f) {
       dev_.copy(s.gather_send.view({n}, sp.shard_offset), full.view({n}, sp.shard.first_row * sp.shard.row_elems));
     }
   }
-  s.gather_recv = dev_.empty({plan_.group * su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+  s.gather_recv = dev_.empty({plan_.group * su.shard_elems}, s.gather_send.dtype(), MemCategory::kCommunication);
   s.gather = shard_.all_gather(s.gather_send, s.gather_recv);
 }
 
@@ -97,6 +100,19 @@ void ShardedDataParallel::ensure_params(size_t f) {
   start_gather(f);
   timed_wait(*s.gather);
   const ShardUnit& su = plan_.units[f];
+  if (s.gather_recv.dtype() == DType::kBF16) {  // bf16 gather: the values are the compute copies
+    s.full_values = dev_.empty({su.full_elems}, DType::kBF16, MemCategory::kCommunication);
+    for (const ShardedParam& sp : su.params) sp.param->compute = s.full_values.view(sp.param->local_shape, sp.full_offset);
+    copy_out_gathered(dev_, su, plan_.group, s.gather_recv, [&](const ShardedParam& sp) {
+      return s.full_values.view({shape_numel(sp.param->local_shape)}, sp.full_offset);
+    });
+    s.gather.reset();
+    s.gather_send = Tensor();
+    s.gather_recv = Tensor();
+    s.params_ready = true;
+    for (size_t u : su.members) model_.compute_written(u);
+    return;
+  }
   if (shards_params()) {
     s.full_values = dev_.empty({su.full_elems}, DType::kF32, MemCategory::kCommunication);
     for (const ShardedParam& sp : su.params) sp.param->value = s.full_values.view(sp.param->local_shape, sp.full_offset);
@@ -263,12 +279,21 @@ void ShardedDataParallel::after_optimizer_step() {
 }
 
 void ShardedDataParallel::gather_full_parameters() {
+  if (gather_bf16()) {  // units gathered for compute hold bf16 copies: regather in f32
+    for (size_t f = 0; f < units_.size(); ++f) {
+      if (units_[f].gather) units_[f].gather->wait();
+      units_[f].gather.reset();
+      release_params(f);
+    }
+    full_precision_ = true;
+  }
   for (size_t f = 0; f < units_.size(); ++f) ensure_params(f);
 }
 
 void ShardedDataParallel::release_full_parameters() {
   if (!shards_params()) return;
   for (size_t f = 0; f < units_.size(); ++f) release_params(f);
+  full_precision_ = false;
 }
 
 double ShardedDataParallel::take_comm_wait_seconds() {

@@ -39,6 +39,10 @@ struct ShardedOptions {
   /// dtype on the wire of the gradient reduce-scatter and the HSDP all-reduce (FSDP2's
   /// reduce_dtype): f32, or bf16 (cast before, summed in bf16, widened into the f32 shard).
   DType reduce_dtype = DType::kF32;
+  /// ZeRO-3: dtype of the parameter all-gather (FSDP2's param_dtype). bf16: each rank casts its
+  /// f32 shard and the gathered bf16 values become the units' Parameter::compute directly (half
+  /// the bytes of an f32 gather); gather_full_parameters() still gathers f32 for dumps.
+  DType param_dtype = DType::kF32;
 };
 
 /// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
@@ -103,6 +107,8 @@ class ShardedDataParallel final : public GradientSync {
   bool wire_bf16() const { return opt_.reduce_dtype == DType::kBF16; }
 
   bool shards_params() const { return opt_.zero_stage >= 3; }
+  /// ZeRO-3 with bf16 gathers, outside gather_full_parameters().
+  bool gather_bf16() const { return shards_params() && opt_.param_dtype == DType::kBF16 && !full_precision_; }
   bool shards_grads() const { return opt_.zero_stage >= 2; }
   void start_gather(size_t f);
   void ensure_params(size_t f);
@@ -124,6 +130,7 @@ class ShardedDataParallel final : public GradientSync {
   std::deque<ReplicaReduction> replicas_;        // HSDP all-reduces, in issue order
   int64_t micro_ = 0, accum_ = 1;
   bool eval_ = false;
+  bool full_precision_ = false;  // gather_full_parameters(): f32 values, whatever param_dtype
   double wait_s_ = 0;
 };
 
