@@ -50,12 +50,6 @@ Tensor Tensor::empty(Allocator* alloc, const Shape& shape, DType dtype, MemCateg
   return t;
 }
 
-Tensor Tensor::zeros(Allocator* alloc, const Shape& shape, DType dtype, MemCategory cat) {
-  Tensor t = empty(alloc, shape, dtype, cat);
-  std::memset(t.raw(), 0, t.nbytes());
-  return t;
-}
-
 float* Tensor::f32() const {
   if (dtype_ != DType::kF32) throw std::logic_error(std::string("f32() on a ") + dtype_name(dtype_) + " tensor");
   return static_cast<float*>(raw());

@@ -47,8 +47,6 @@ class Tensor {
   Tensor() = default;
   /// A new uninitialized tensor of `shape` from `alloc`, accounted under `cat`.
   static Tensor empty(Allocator* alloc, const Shape& shape, DType dtype, MemCategory cat);
-  /// Like empty() but filled with zero bytes.
-  static Tensor zeros(Allocator* alloc, const Shape& shape, DType dtype, MemCategory cat);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
