@@ -50,12 +50,13 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
   }
   unit_compute_.resize(units_.size());
   stale_.assign(params_.size(), 1);
+  for (size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
 }
 
 size_t Transformer::index_of(const Parameter* p) const {
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i] == p) return i;
-  throw std::logic_error("parameter " + p->name + " is not in the model");
+  const auto it = index_.find(p);
+  if (it == index_.end()) throw std::logic_error("parameter " + p->name + " is not in the model");
+  return it->second;
 }
 
 std::vector<Parameter*> Transformer::used_parameters(size_t u) const {

@@ -3,6 +3,7 @@
 /// layers.0 … layers.{L-1}, output (norm + projection) — with its parameters in one flat buffer
 /// and their gradients in another (DESIGN.md data flow step 5).
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "config/model_args.hpp"
@@ -96,6 +97,7 @@ class Transformer {
   Tensor flat_compute_;               // bf16 copies of flat_params_ (mixed precision, params held)
   std::vector<Tensor> unit_compute_;  // per-unit bf16 buffers when params are not held (FSDP)
   std::vector<char> stale_;           // per parameter (params_ order): compute needs a recast
+  std::unordered_map<const Parameter*, size_t> index_;  // position in params_
   /// Parameters unit u reads: unit_parameters(u), plus the tied embedding for the head.
   std::vector<Parameter*> used_parameters(size_t u) const;
   size_t index_of(const Parameter* p) const;

@@ -275,22 +275,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
     }
 
     // dQ_r += Σ_j dS_rj·k_j (scale applied at the store).
-    const int jn = min(kSimtCols, kend - k0);
-    for (int j = 0; j < jn; ++j) {
-      float sj[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) sj[r] = __shfl_sync(0xffffffffu, ds[r], j);
-      const float* kj = ks + j * ld;
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int d = lane + 32 * c;
-        if (d < dh) {
-          const float kd = kj[d];
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[r][c] = fmaf(sj[r], kd, acc[r][c]);
-        }
-      }
-    }
+    accumulate_weighted_rows(acc, ds, ks, ld, min(kSimtCols, kend - k0), dh, lane);
   }
 
 #pragma unroll
@@ -451,31 +436,7 @@ __global__ void __launch_bounds__(kTcThreads)
 
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 16 keys x BQ queries per warp.
     float st[NB][4], dpt[NB][4];
-#pragma unroll
-    for (int i = 0; i < NB; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      uint32_t ka[4], va[4];
-      if constexpr (kKeepKV) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ka[e] = kreg[s][e], va[e] = vreg[s][e];
-      } else {
-        ldsm_x4(ka, ks + a_off(lane, warp * 16, s * 16, LD));
-        ldsm_x4(va, vs + a_off(lane, warp * 16, s * 16, LD));
-      }
-#pragma unroll
-      for (int n2 = 0; n2 < NB / 2; ++n2) {
-        uint32_t f[4];
-        ldsm_x4(f, qb + b_off(lane, n2 * 16, s * 16, LD));
-        mma_bf16_16816(st[2 * n2], ka, f[0], f[1]);
-        mma_bf16_16816(st[2 * n2 + 1], ka, f[2], f[3]);
-        ldsm_x4(f, dob + b_off(lane, n2 * 16, s * 16, LD));
-        mma_bf16_16816(dpt[2 * n2], va, f[0], f[1]);
-        mma_bf16_16816(dpt[2 * n2 + 1], va, f[2], f[3]);
-      }
-    }
+    mma_pair<NB, KS, kKeepKV>(st, dpt, kreg, vreg, ks, vs, warp * 16, qb, dob, LD, lane);
 
     // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), zero where query < key (causal) or query ≥ T (tile
     // padding, whose zero rows must not contribute); dSᵀ = Pᵀ ∘ (dPᵀ − D). Only tiles crossing
@@ -609,31 +570,7 @@ __global__ void __launch_bounds__(kTcThreads)
     const bf16* vb = vs + buf * BK * LD;
 
     float sacc[NB][4], dpa[NB][4];
-#pragma unroll
-    for (int i = 0; i < NB; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[i][e] = dpa[i][e] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      uint32_t qa[4], da[4];
-      if constexpr (kKeepQ) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qa[e] = qreg[s][e], da[e] = doreg[s][e];
-      } else {
-        ldsm_x4(qa, qs + a_off(lane, warp * 16, s * 16, LD));
-        ldsm_x4(da, dos + a_off(lane, warp * 16, s * 16, LD));
-      }
-#pragma unroll
-      for (int n2 = 0; n2 < NB / 2; ++n2) {
-        uint32_t f[4];
-        ldsm_x4(f, kb + b_off(lane, n2 * 16, s * 16, LD));
-        mma_bf16_16816(sacc[2 * n2], qa, f[0], f[1]);
-        mma_bf16_16816(sacc[2 * n2 + 1], qa, f[2], f[3]);
-        ldsm_x4(f, vb + b_off(lane, n2 * 16, s * 16, LD));
-        mma_bf16_16816(dpa[2 * n2], da, f[0], f[1]);
-        mma_bf16_16816(dpa[2 * n2 + 1], da, f[2], f[3]);
-      }
-    }
+    mma_pair<NB, KS, kKeepQ>(sacc, dpa, qreg, doreg, qs, dos, warp * 16, kb, vb, LD, lane);
 
     const bool need_mask = k0 + BK > q0;
 #pragma unroll

@@ -219,4 +219,63 @@ __device__ __forceinline__ void load_tile_async(bf16* s, const bf16* g, int64_t 
   }
 }
 
+/// Two warp-level products over one shared k loop, as backward recomputes them side by side
+/// (S = A₁·B₁ᵀ with dP = A₂·B₂ᵀ, or their transposes): c1 = A₁·B₁ᵀ and c2 = A₂·B₂ᵀ, fp32, for
+/// the warp's 16 rows × NB·8 columns. The A fragments come from registers r1 / r2 ([KS][4], the
+/// k-steps of 16) when KEEP, else from the [*, ld] shared tiles a1 / a2 at row `row0`; B from the
+/// [NB·8, KS·16] row-major shared tiles b1 / b2. c1, c2 are overwritten.
+template <int NB, int KS, bool KEEP, int RK>
+__device__ __forceinline__ void mma_pair(float (&c1)[NB][4], float (&c2)[NB][4], const uint32_t (&r1)[RK][4],
+                                         const uint32_t (&r2)[RK][4], const bf16* a1, const bf16* a2, int row0,
+                                         const bf16* b1, const bf16* b2, int ld, int lane) {
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c1[i][e] = c2[i][e] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    uint32_t f1[4], f2[4];
+    if constexpr (KEEP) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f1[e] = r1[s][e], f2[e] = r2[s][e];
+    } else {
+      ldsm_x4(f1, a1 + a_off(lane, row0, s * 16, ld));
+      ldsm_x4(f2, a2 + a_off(lane, row0, s * 16, ld));
+    }
+#pragma unroll
+    for (int n2 = 0; n2 < NB / 2; ++n2) {
+      uint32_t f[4];
+      ldsm_x4(f, b1 + b_off(lane, n2 * 16, s * 16, ld));
+      mma_bf16_16816(c1[2 * n2], f1, f[0], f[1]);
+      mma_bf16_16816(c1[2 * n2 + 1], f1, f[2], f[3]);
+      ldsm_x4(f, b2 + b_off(lane, n2 * 16, s * 16, ld));
+      mma_bf16_16816(c2[2 * n2], f2, f[0], f[1]);
+      mma_bf16_16816(c2[2 * n2 + 1], f2, f[2], f[3]);
+    }
+  }
+}
+
+/// SIMT accumulation of weighted shared-memory rows (P·V in forward, dS·K for dQ): acc[r][c] +=
+/// Σ_{j < jn} w_j[r] · rows[j·ld + lane + 32c] for the dims lane + 32c < dh, where lane j holds
+/// the weights w_j[0..R) of row j (broadcast with __shfl_sync). jn ≤ 32, warp-uniform.
+template <int R, int NC>
+__device__ __forceinline__ void accumulate_weighted_rows(float (&acc)[R][NC], const float (&w)[R], const float* rows,
+                                                         int ld, int jn, int dh, int lane) {
+  for (int j = 0; j < jn; ++j) {
+    float wj[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wj[r] = __shfl_sync(0xffffffffu, w[r], j);
+    const float* row = rows + j * ld;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int d = lane + 32 * c;
+      if (d < dh) {
+        const float x = row[d];
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][c] = fmaf(wj[r], x, acc[r][c]);
+      }
+    }
+  }
+}
+
 }  // namespace meshtrain::cuda::attn

@@ -116,23 +116,9 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
       for (int c = 0; c < NC; ++c) o[r][c] *= alpha;
     }
 
-    // O += P·V: lane owns dims lane + 32c; key j's probability is broadcast from lane j.
-    const int jn = min(kSimtCols, kend - k0);  // later keys are masked for every row
-    for (int j = 0; j < jn; ++j) {
-      float pj[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) pj[r] = __shfl_sync(0xffffffffu, p[r], j);
-      const float* vrow = vs + j * ld;
-#pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int d = lane + 32 * c;
-        if (d < dh) {
-          const float vd = vrow[d];
-#pragma unroll
-          for (int r = 0; r < R; ++r) o[r][c] = fmaf(pj[r], vd, o[r][c]);
-        }
-      }
-    }
+    // O += P·V: lane owns dims lane + 32c; key j's probability is broadcast from lane j. Later
+    // keys are masked for every row.
+    accumulate_weighted_rows(o, p, vs, ld, min(kSimtCols, kend - k0), dh, lane);
   }
 
 #pragma unroll
