@@ -72,6 +72,11 @@ int cmd_train(int argc, char** argv) {
     // Every rank stopped at the same step boundary (agreed), after the save: a clean exit.
     if (world.rank() == 0) log::warn(e.what());
     return kExitPreempted;
+  } catch (const NonFiniteError& e) {
+    // Every rank reached the same verdict from the same all-reduced loss and gradient norm, at
+    // the same step, before any update or save: rank 0 prints it once, all exit cleanly.
+    if (world.rank() == 0) log::error(e.what());
+    return kExitNonFinite;
   } catch (const ConfigError& e) {
     log::error(e.what());
     MpiRuntime::abort_job(kExitConfig);

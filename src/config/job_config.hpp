@@ -61,6 +61,9 @@ struct TrainingSection {
   std::string device = "cpu";                     ///< cpu (fp32 reference) | cuda (one GPU per rank)
   std::string mixed_precision_param = "float32";   ///< forward/backward dtype: float32 | bfloat16 (cuda)
   std::string mixed_precision_reduce = "float32";  ///< gradient reduction dtype: float32 | bfloat16
+  /// Steps in a row whose loss or gradient norm is NaN / inf that are skipped (no optimizer
+  /// update, logged) before the run stops; 0 = stop at the first (Megatron skips fp16 overflow).
+  int64_t skip_nonfinite_steps = 0;
 };
 
 /// [parallelism]: mesh degrees (outer to inner: pp, dp_replicate, dp_shard, cp, tp).
@@ -94,6 +97,26 @@ struct ActivationCheckpointSection {
 /// [metrics]
 struct MetricsSection {
   int64_t log_freq = 10;  ///< steps between metric lines (the first and last step always log)
+  bool enable_tensorboard = false;  ///< TensorBoard event files with the log line's scalars
+  std::string save_tb_folder = "tb";  ///< inside dump_folder (an absolute path is used as is)
+  bool save_for_all_ranks = false;  ///< every rank writes its own event file (rank_<R>/), not only rank 0
+};
+
+/// [profiling]: Chrome trace JSON of the executor's units and the collectives (TorchTitan's keys).
+struct ProfilingSection {
+  bool enable_profiling = false;
+  std::string save_traces_folder = "profile_traces";  ///< inside dump_folder: iteration_<step>/rank<R>_trace.json
+  int64_t profile_freq = 10;      ///< a trace every profile_freq steps
+  int64_t profiler_warmup = 3;    ///< steps before a traced window that are not recorded (torch.profiler's warmup)
+  int64_t profiler_active = 1;    ///< consecutive steps recorded at the end of each profile_freq window
+};
+
+/// [debug]: fault injection for tests (TorchTitan has a [debug] section).
+struct DebugSection {
+  /// Step whose gradient is made NaN on rank inject_nonfinite_grad_rank after backward, before
+  /// the data-parallel reduction (-1 = never): tests the non-finite guard.
+  int64_t inject_nonfinite_grad_step = -1;
+  int64_t inject_nonfinite_grad_rank = 0;  ///< world rank that poisons its gradient
 };
 
 /// [validation]
@@ -154,6 +177,8 @@ struct JobConfig {
   CheckpointSection checkpoint;
   TopologySection topology;
   CommSection comm;
+  ProfilingSection profiling;
+  DebugSection debug;
 
   std::string deck_path;  ///< the deck file as given ("" when built in code)
   /// "section.key" -> "FILE:LINE" (deck) or "command line" (override), for error messages.

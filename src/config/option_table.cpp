@@ -227,6 +227,10 @@ std::vector<Option> build_option_table() {
     s.str("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
           "dtype in which data-parallel gradients are reduced (summed into float32 gradients either way)",
           {"float32", "bfloat16"});
+    s.integer("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
+              "steps in a row with a NaN / inf loss or gradient norm that are skipped (no update) before the run stops "
+              "with status 5; 0 = stop at the first",
+              0);
   }
   {
     Section<ParallelismSection> s{o, "parallelism", &JobConfig::parallelism};
@@ -266,6 +270,25 @@ std::vector<Option> build_option_table() {
   {
     Section<MetricsSection> s{o, "metrics", &JobConfig::metrics};
     s.integer("log_freq", &MetricsSection::log_freq, "steps between metric lines (the first and last step always log)", 1);
+    s.boolean("enable_tensorboard", &MetricsSection::enable_tensorboard,
+              "also write the log line's scalars as TensorBoard event files in save_tb_folder");
+    s.str("save_tb_folder", &MetricsSection::save_tb_folder,
+          "TensorBoard folder inside dump_folder (an absolute path is used as is)", {}, "path");
+    s.boolean("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
+              "TensorBoard: every rank writes its own event file (save_tb_folder/rank_<R>), not only rank 0");
+  }
+  {
+    Section<ProfilingSection> s{o, "profiling", &JobConfig::profiling};
+    s.boolean("enable_profiling", &ProfilingSection::enable_profiling,
+              "write a Chrome trace (Perfetto, chrome://tracing) of every unit and collective every profile_freq steps");
+    s.str("save_traces_folder", &ProfilingSection::save_traces_folder,
+          "trace folder inside dump_folder: iteration_<step>/rank<R>_trace.json", {}, "path");
+    s.integer("profile_freq", &ProfilingSection::profile_freq, "steps between traces", 1);
+    s.integer("profiler_warmup", &ProfilingSection::profiler_warmup,
+              "steps before each traced window that are run but not recorded (profiler_warmup + profiler_active <= profile_freq)",
+              0);
+    s.integer("profiler_active", &ProfilingSection::profiler_active,
+              "consecutive steps recorded at the end of each profile_freq window", 1);
   }
   {
     Section<ValidationSection> s{o, "validation", &JobConfig::validation};
@@ -303,6 +326,13 @@ std::vector<Option> build_option_table() {
            "deadline of each collective until the first step completes; a missed one aborts the job", 0.0, true);
     s.real("train_timeout_seconds", &CommSection::train_timeout_seconds,
            "deadline of each collective after the first step", 0.0, true);
+  }
+  {
+    Section<DebugSection> s{o, "debug", &JobConfig::debug};
+    s.integer("inject_nonfinite_grad_step", &DebugSection::inject_nonfinite_grad_step,
+              "fault injection: make this step's gradient NaN on one rank (-1 = never)", 1, {}, {-1});
+    s.integer("inject_nonfinite_grad_rank", &DebugSection::inject_nonfinite_grad_rank,
+              "fault injection: the world rank whose gradient is made NaN", 0);
   }
   return o;
 }
