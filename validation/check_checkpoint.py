@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Reads a meshtrain sharded checkpoint with h5py alone (no meshtrain code) and checks it against
-the model dump of the same run at the same step (model_final.h5 of a run whose last step is the
-checkpoint's): every /model/<name> dataset equal, bit for bit, to /params/<name>; every
+the final model of the same run at the same step (model_final.h5 of a run whose last step is the
+checkpoint's: a model-only checkpoint, /model/<name>; an unsharded model dump, /params/<name>, is
+read too): every /model/<name> dataset equal, bit for bit, to the final model's; every
 /optimizer/<name>/{exp_avg, exp_avg_sq} present with the parameter's shape, exp_avg_sq >= 0 and
 not all zero; /train_state's step equal to --step; /meta's format and version; /checksums lines
 that name existing datasets. Exits 1 with the first mismatch.
 
-usage: /usr/bin/python3 validation/check_checkpoint.py CHECKPOINT.h5 MODEL_DUMP.h5 --step N
+usage: /usr/bin/python3 validation/check_checkpoint.py CHECKPOINT.h5 MODEL_FINAL.h5 --step N
 """
 import argparse
 import sys
@@ -28,12 +29,13 @@ def main():
             errors.append(f"/meta: format {meta['format']!r} version {meta['format_version']}")
         if int(ck["train_state"].attrs["step"]) != a.step:
             errors.append(f"/train_state step {ck['train_state'].attrs['step']} != {a.step}")
-        names = sorted(dump["params"])
+        final = dump["model"] if "model" in dump else dump["params"]
+        names = sorted(final)
         for name in names:
-            want = dump["params"][name][()]
+            want = final[name][()]
             got = ck["model"][name][()] if name in ck["model"] else None
             if got is None or got.dtype != np.float32 or not np.array_equal(got, want):
-                errors.append(f"/model/{name} differs from the dump's /params/{name}")
+                errors.append(f"/model/{name} differs from the final model's {final.name}/{name}")
             for state in ("exp_avg", "exp_avg_sq"):
                 path = f"optimizer/{name}/{state}"
                 if path not in ck or ck[path].shape != want.shape:

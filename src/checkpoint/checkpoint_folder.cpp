@@ -72,6 +72,13 @@ std::optional<std::string> checkpoint_to_load(const std::string& folder, int64_t
   return f.string();
 }
 
+void publish_file(const std::string& tmp, const std::string& final_path) {
+  fsync_path(tmp, false);
+  rename_or_fail(tmp, final_path);
+  const fs::path dir = fs::path(final_path).parent_path();
+  fsync_path(dir.empty() ? std::string(".") : dir.string(), true);
+}
+
 void publish_checkpoint(const std::string& folder, int64_t step, int64_t keep_latest_k) {
   const fs::path dir(folder);
   const fs::path final_path = dir / checkpoint_file_name(step);

@@ -27,4 +27,9 @@ std::vector<int64_t> checkpoint_steps(const std::string& folder);
 /// (the previous checkpoint and pointer are then untouched).
 void publish_checkpoint(const std::string& folder, int64_t step, int64_t keep_latest_k);
 
+/// Rank 0's part of publishing a single written file (model_final.h5): fsync `tmp`, rename it
+/// to `final_path`, fsync the folder. A reader sees the old file or the complete new one, never
+/// a partial one. @throws CheckpointError naming the file on an I/O failure.
+void publish_file(const std::string& tmp, const std::string& final_path);
+
 }  // namespace meshtrain

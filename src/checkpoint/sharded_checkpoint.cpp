@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -35,20 +38,24 @@ Handle mpio_fapl(MPI_Comm world) {
 }
 
 // Every rank learns whether any rank failed (and the first message), so all throw together.
-void agree(MPI_Comm world, const std::string& path, const std::string& local_error) {
-  int bad = local_error.empty() ? 0 : 1, any = 0;
-  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, world);
-  if (!any) return;
+// A save that found a non-finite value (`nonfinite`) outranks an I/O failure: it is thrown as
+// NonFiniteError, which stops the run with its own status rather than as bad input.
+void agree(MPI_Comm world, const std::string& path, const std::string& local_error, bool nonfinite = false) {
+  int bad = local_error.empty() ? 0 : (nonfinite ? 2 : 1), worst = 0;
+  MPI_Allreduce(&bad, &worst, 1, MPI_INT, MPI_MAX, world);
+  if (!worst) return;
   int rank = 0;
   MPI_Comm_rank(world, &rank);
-  int first = bad ? rank : 1 << 30, lowest = 0;
+  int first = bad == worst ? rank : 1 << 30, lowest = 0;
   MPI_Allreduce(&first, &lowest, 1, MPI_INT, MPI_MIN, world);
   int len = int(local_error.size());
   MPI_Bcast(&len, 1, MPI_INT, lowest, world);
   std::string msg = local_error;
   msg.resize(size_t(len));
   MPI_Bcast(msg.data(), len, MPI_CHAR, lowest, world);
-  throw CheckpointError(msg.rfind(path, 0) == 0 ? msg : path + ": " + msg);
+  if (msg.rfind(path, 0) != 0) msg = path + ": " + msg;
+  if (worst == 2) throw NonFiniteError(msg);
+  throw CheckpointError(msg);
 }
 
 Handle create_dataset(hid_t file, const std::string& name, const Shape& shape, const std::string& path) {
@@ -114,6 +121,49 @@ std::string shard_hash_hex(const float* data, size_t n) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(data, n * sizeof(float))));
   return hex;
+}
+
+// shard_hash_hex() of a shard about to be saved, and the index of its first NaN / inf element
+// in *first_nonfinite (-1 if none). The streaming hash equals the one-shot XXH3-64; each 64 KiB
+// block is tested (exponent bits all ones) right before it is hashed, so the test reads bytes
+// the hash is about to read anyway and the save makes no extra pass over memory.
+std::string saved_shard_hash_hex(const float* data, size_t n, int64_t* first_nonfinite) {
+  constexpr size_t kBlock = 16384;
+  *first_nonfinite = -1;
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset(st);
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    if (*first_nonfinite < 0) {
+      uint32_t all_ones = 0;  // any element whose exponent is all ones (inf or NaN)
+      for (size_t i = 0; i < m; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, data + b + i, sizeof bits);
+        all_ones |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (all_ones)
+        for (size_t i = 0; i < m && *first_nonfinite < 0; ++i)
+          if (!std::isfinite(data[b + i])) *first_nonfinite = int64_t(b + i);
+    }
+    XXH3_64bits_update(st, data + b, m * sizeof(float));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(st)));
+  XXH3_freeState(st);
+  return hex;
+}
+
+// "[3, 17]": the global index of element `k` of hyperslab {start, count} (row-major).
+std::string global_index_text(const std::vector<hsize_t>& start, const std::vector<hsize_t>& count, int64_t k) {
+  std::vector<hsize_t> idx(count.size());
+  for (size_t d = count.size(); d-- > 0;) {
+    idx[d] = start[d] + hsize_t(k) % count[d];
+    k /= int64_t(count[d]);
+  }
+  std::string s = "[";
+  for (size_t d = 0; d < idx.size(); ++d) s += (d ? ", " : "") + std::to_string(idx[d]);
+  return s + "]";
 }
 
 // One line per written hyperslab: "dataset<TAB>start<TAB>count<TAB>xxh3 hex".
@@ -266,6 +316,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
                      const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
                      const CheckpointRole& role, const CheckpointMeta& meta) {
   std::string error;
+  bool nonfinite = false;  // a NaN / inf in what some rank was about to write: the file is refused
   {
     Handle fapl = mpio_fapl(world);
     Handle file{H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id), H5Fclose};
@@ -322,11 +373,19 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       for (const auto& [name, t] : parts) {
         if (meta.model_only && name.rfind("/optimizer/", 0) == 0) continue;
         dev.download(host.data(), t, size_t(n) * sizeof(float));
+        int64_t bad = -1;
+        const std::string hash = saved_shard_hash_hex(host.data(), host.size(), &bad);
+        if (bad >= 0) {
+          error = path + ": refusing to publish a checkpoint with a non-finite value: " + name + global_index_text(start, count, bad) +
+                  " = " + std::to_string(host[size_t(bad)]) + " (step " + std::to_string(state.step) + ")";
+          nonfinite = true;
+          break;
+        }
         if (!transfer(datasets.at(name).id, start, count, host.data(), true)) {
           error = path + ": cannot write dataset " + name;
           break;
         }
-        checksums += checksum_line(name, start, count, shard_hash_hex(host.data(), host.size()));
+        checksums += checksum_line(name, start, count, hash);
         die_if_injected(world, state.step);
       }
     }
@@ -342,8 +401,16 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
         error = path + ": cannot write dataset /checksums";
     }
     if (H5Fflush(file.id, H5F_SCOPE_GLOBAL) < 0 && error.empty()) error = path + ": cannot flush";
+    int any_nonfinite = nonfinite ? 1 : 0;  // every rank learns it before the collective close
+    MPI_Allreduce(MPI_IN_PLACE, &any_nonfinite, 1, MPI_INT, MPI_MAX, world);
+    nonfinite = any_nonfinite != 0;
   }  // the datasets, then the file, close collectively
-  agree(world, path, error);
+  if (nonfinite) {
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    if (rank == 0) std::remove(path.c_str());  // the .tmp is never renamed into place: delete it
+  }
+  agree(world, path, error, nonfinite);
 }
 
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,

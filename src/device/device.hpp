@@ -149,9 +149,13 @@ class Device {
   /// Σ x² in fp64 (for the global gradient norm).
   virtual double sum_squares(const Tensor& x) = 0;
   /// Σ_i sum_squares(xs[i]) / divisors[i] (fp64, in i order): the gradient norm's square over
-  /// many tensors with one host synchronization on CUDA. @throws std::invalid_argument when
-  /// the vectors differ in length.
-  virtual double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors);
+  /// many tensors with one host synchronization on CUDA. When `each` is given it receives the
+  /// terms sum_squares(xs[i]) / divisors[i] one per tensor (0 for an empty one), from the same
+  /// pass and synchronization: the non-finite guard names a parameter from them. A NaN or inf
+  /// element makes its term and the total non-finite. @throws std::invalid_argument when the
+  /// vectors differ in length.
+  virtual double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,
+                                   std::vector<double>* each = nullptr);
   /// x *= alpha.
   virtual void scale(const Tensor& x, float alpha) = 0;
   /// y += alpha · x (equal numel).

@@ -34,12 +34,18 @@ void Device::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWP
   }
 }
 
-double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors) {
+double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,
+                                 std::vector<double>* each) {
   if (xs.size() != divisors.size())
     throw std::invalid_argument("sum_squares_multi: " + std::to_string(xs.size()) + " tensors but " +
                                 std::to_string(divisors.size()) + " divisors");
+  if (each) each->assign(xs.size(), 0.0);
   double s = 0;
-  for (size_t i = 0; i < xs.size(); ++i) s += sum_squares(xs[i]) / divisors[i];
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double term = xs[i].numel() ? sum_squares(xs[i]) / divisors[i] : 0.0;
+    if (each) (*each)[i] = term;
+    s += term;
+  }
   return s;
 }
 

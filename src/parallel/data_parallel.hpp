@@ -35,7 +35,7 @@ class DataParallel final : public GradientSync {
   void finish_gradients() override { finish(); }
   const std::vector<LocalShard>& local_shards() const override { return shards_; }
   /// Local Σ g² over the flat gradient buffer: every rank holds the same reduced gradients.
-  double grad_sum_squares(Device& dev) override;
+  double grad_sum_squares(Device& dev, std::vector<double>* each = nullptr) override;
   double take_comm_wait_seconds() override;
 
  private:

@@ -25,8 +25,10 @@ struct LocalShard {
 /// order. @throws std::logic_error when the model does not hold them.
 std::vector<LocalShard> replicated_shards(const Transformer& model);
 /// Σ g² over the gradients of `shards` on this rank only (fp64), a parameter replicated over a
-/// tp group of T ranks weighted 1/T (so summing the result over tp counts it once).
-double local_sum_squares(Device& dev, const std::vector<LocalShard>& shards);
+/// tp group of T ranks weighted 1/T (so summing the result over tp counts it once). `each`, when
+/// given, receives the term of every shard (index = shard index; 0 for an empty shard), from the
+/// same pass: a non-finite term names a parameter whose gradient holds a NaN or inf.
+double local_sum_squares(Device& dev, const std::vector<LocalShard>& shards, std::vector<double>* each = nullptr);
 
 class GradientSync : public UnitHooks {
  public:
@@ -45,8 +47,9 @@ class GradientSync : public UnitHooks {
   virtual const std::vector<LocalShard>& local_shards() const = 0;
   /// Σ g² (local_sum_squares) reduced over the data-parallel ranks that hold disjoint pieces;
   /// summed over tp (grad_norm) it is the square of the global gradient norm, every
-  /// parameter counted once. Collective. @throws CommError.
-  virtual double grad_sum_squares(Device& dev) = 0;
+  /// parameter counted once. `each` receives this rank's unreduced term per local shard
+  /// (local_sum_squares). Collective. @throws CommError.
+  virtual double grad_sum_squares(Device& dev, std::vector<double>* each = nullptr) = 0;
   /// Called after the optimizer updated local_shards(): sharded strategies mark replicated
   /// copies stale and start gathering them (ZeRO-1/2), overlapping the next forward.
   virtual void after_optimizer_step() {}

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint_folder.hpp"
-#include "checkpoint/model_dump.hpp"
 #include "checkpoint/sharded_checkpoint.hpp"
 #include "comm/mesh_communicators.hpp"
 #include "config/deck_parser.hpp"
@@ -26,9 +26,9 @@
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "parallel/mixed_precision.hpp"
-#include "parallel/tp_gather.hpp"
 #include "parallel/tp_grads.hpp"
 #include "train/device_comms.hpp"
+#include "train/nonfinite_guard.hpp"
 #include "train/preemption.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
@@ -309,6 +309,19 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     for (int d = 0; d < kNumMeshDims; ++d) b[d] = dcomms.get(MeshDim(d)).bytes_sent();
     return b;
   };
+  NonFiniteGuard guard(model, sync->local_shards(), cfg.training.skip_nonfinite_steps);
+  std::vector<double> shard_terms;  // this rank's Σ g² per local shard, from the norm's own pass
+  // [debug] fault injection: the chosen rank's loss gradient is NaN on the chosen steps, so every
+  // gradient it computes is, before any reduction spreads it (as a faulty device would).
+  const auto poisoned = [&](int64_t step) {
+    const DebugSection& d = cfg.debug;
+    return d.inject_nonfinite_grad_step >= 1 && world.rank() == d.inject_nonfinite_grad_rank &&
+           step >= d.inject_nonfinite_grad_step && step < d.inject_nonfinite_grad_step + d.inject_nonfinite_grad_count;
+  };
+  if (cfg.debug.inject_nonfinite_grad_step >= 1 && cfg.debug.inject_nonfinite_grad_rank >= world.size())
+    throw ConfigError(cfg.origin_of("debug.inject_nonfinite_grad_rank") + ": [debug] inject_nonfinite_grad_rank: " +
+                      std::to_string(cfg.debug.inject_nonfinite_grad_rank) + " is not a rank of this world of " +
+                      std::to_string(world.size()) + " (must be < world size)");
   const int64_t first_step = resumed.step + 1;
   for (int64_t step = first_step; step <= cfg.training.steps; ++step) {
     const auto t0 = Clock::now();
@@ -318,7 +331,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     double loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) {
       loader.micro_batch(m, dp->rank(), dp->size(), local_batch, samples.data());
-      StepContext ctx = model.make_context(samples.data(), local_batch, seq_len, grad_scale, /*need_backward=*/true);
+      const float scale = m + 1 == accum && poisoned(step) ? std::numeric_limits<float>::quiet_NaN() : grad_scale;
+      StepContext ctx = model.make_context(samples.data(), local_batch, seq_len, scale, /*need_backward=*/true);
       sync->begin_micro_batch(m, accum);
       exec.forward_backward(ctx);
       loss_sum += ctx.loss_sum;
@@ -328,13 +342,31 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     loader.advance(global_batch);
     loss_comm.all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
     const double loss = loss_sum / double(global_batch * seq_len);
-    if (!std::isfinite(loss)) throw std::runtime_error("loss is " + fmt("%f", loss) + " at step " + std::to_string(step));
-    const double norm = grad_norm(dev, *sync, &tp_comm);
-    clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
+    const double norm = grad_norm(dev, *sync, &tp_comm, &shard_terms);
+    // Nothing is applied before every rank agrees the step is finite (the same collective
+    // carries the preemption flag); a non-finite step beyond skip_nonfinite_steps throws here.
+    StepCheck check;
+    try {
+      check = guard.check(step, loss, norm, shard_terms, world, preemption_requested() ? preemption_signal() : 0);
+    } catch (const NonFiniteError& e) {
+      const auto last = cfg.checkpoint.enable ? checkpoint_to_load(ckpt_dir, -1) : std::nullopt;
+      throw NonFiniteError(std::string(e.what()) + "; " +
+                           (!cfg.checkpoint.enable ? std::string("[checkpoint] enable is false, so there is nothing to resume from")
+                            : last ? "a rerun resumes from " + *last
+                                   : std::string("no checkpoint was saved yet, so a rerun starts afresh")));
+    }
+    const bool applied = check.verdict == StepVerdict::kApply;
     const double lr = schedule.lr(step);
-    opt.step(float(lr));
-    model.params_changed();  // bf16 compute copies are recast before their next use
-    last_lr = lr;
+    if (applied) {
+      clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
+      opt.step(float(lr));
+      model.params_changed();  // bf16 compute copies are recast before their next use
+      last_lr = lr;
+    } else {
+      if (rank0) log::warn(check.message);
+      metrics.write({{"event", "nonfinite_step_skipped"}, {"step", step}, {"message", check.message},
+                     {"skipped_in_a_row", guard.skipped_in_a_row()}});
+    }
     sync->after_optimizer_step();
     dev.synchronize();
     const double dt = seconds_since(t0);
@@ -354,9 +386,9 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       dcomms.set_timeout(cfg.comm.train_timeout_seconds);
     }
     summary.steps = step;
-    summary.final_loss = loss;
+    if (applied) summary.final_loss = loss;
 
-    if (step == first_step || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps) {
+    if (applied && (step == first_step || step % cfg.metrics.log_freq == 0 || step == cfg.training.steps)) {
       const Throughput tp = compute_throughput(global_batch * seq_len, dt, world.size(), flops_per_token, peak);
       const MemoryStats mem = dev.allocator()->stats();
       double peak_all = double(mem.total_peak);  // the largest rank's peak
@@ -385,29 +417,47 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     }
     const bool saved = cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps);
     if (saved) save(step);
-    // Preemption: any rank's signal stops every rank here, at the same step boundary.
-    double stop = preemption_requested() ? double(preemption_signal()) : 0.0;
-    world.all_reduce_host(&stop, 1, ReduceOp::kMax);
+    // Preemption: any rank's signal (agreed with the non-finite check) stops every rank here, at
+    // the same step boundary.
+    const int stop = check.preempt_signal;
     if (stop > 0 && step < cfg.training.steps) {
       if (cfg.checkpoint.enable && !saved) save(step);
-      throw PreemptedError("preempted by signal " + std::to_string(int(stop)) + " after step " + std::to_string(step) +
+      throw PreemptedError("preempted by signal " + std::to_string(stop) + " after step " + std::to_string(step) +
                            (cfg.checkpoint.enable ? "; checkpoint saved in " + ckpt_dir + ", a rerun resumes from it"
                                                   : "; [checkpoint] enable is false, so nothing was saved"));
     }
   }
   summary.elapsed_s = seconds_since(t_start);
   summary.tokens_per_s = timed_s > 0 ? double(timed_tokens) / timed_s : 0;
-  note_peaks();  // before the dump gathers every parameter at once
+  note_peaks();
   if (cfg.job.final_dump) {
-    sync->gather_full_parameters();  // collective
-    DumpOptions dump;
-    std::vector<std::vector<float>> global;
-    if (tp.active()) {  // reassemble the slabs (collective over tp)
-      for (Parameter* p : model.parameters()) global.push_back(gather_tp_parameter(dev, tp_comm, *p));
-      dump.global_values = &global;
-    }
-    if (rank0) write_model_dump((out_dir / "model_final.h5").string(), model, dev, dump);
-    sync->release_full_parameters();
+    // The final model goes through the sharded checkpoint writer (model only): every rank writes
+    // the hyperslabs of its own shards, so the end of a 405B run needs no more memory than a
+    // checkpoint save, where gathering every parameter on every rank would not fit.
+    const auto t_final = Clock::now();
+    dev.allocator()->reset_peaks();
+    const std::string final_path = (out_dir / "model_final.h5").string(), tmp = final_path + ".tmp";
+    world.barrier();  // rank 0 created out_dir at start-up
+    const TrainState st{summary.steps, tokens_seen, loader.cursor(), opt.step_count(), last_lr, cfg.training.seed};
+    CheckpointMeta meta{resolved_deck_toml(cfg), layout_summary(dims), int64_t(world.size()), seq_len, /*model_only=*/true};
+    save_checkpoint(tmp, world.comm(), dev, model, sync->local_shards(), opt, st,
+                    CheckpointRole{dp_replicate.rank() == 0, tp_comm.rank() == 0}, meta);
+    std::string error;
+    if (rank0) try {
+        publish_file(tmp, final_path);
+      } catch (const CheckpointError& e) {
+        error = e.what();
+      }
+    double failed = error.empty() ? 0 : 1;
+    world.all_reduce_host(&failed, 1, ReduceOp::kMax);
+    if (failed) throw CheckpointError(rank0 ? error : final_path + ": publishing the final model failed on rank 0");
+    double final_peak = double(dev.allocator()->stats().total_peak);  // the largest rank's
+    world.all_reduce_host(&final_peak, 1, ReduceOp::kMax);
+    const int64_t bytes = rank0 ? int64_t(std::filesystem::file_size(final_path)) : 0;
+    metrics.write({{"event", "final_model_save"}, {"bytes", bytes}, {"seconds", seconds_since(t_final)},
+                   {"memory_peak_bytes", int64_t(final_peak)}});
+    log::info("final model: " + final_path + " (" + human_bytes(double(bytes)) + ", sharded writer, model only; memory peak " +
+              human_bytes(final_peak) + " per rank)");
   }
   // Per-category peaks of the largest rank (shards are uneven when shapes do not divide).
   std::array<double, kNumMemCategories> peaks{};
@@ -424,7 +474,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                  {"elapsed_s", summary.elapsed_s}, {"tokens_per_s", summary.tokens_per_s},
                  {"tokens", int64_t(summary.steps * global_batch * seq_len)}, {"world_size", world.size()},
                  {"parameters", args.num_params()}, {"dp_replicate", dims.dp_replicate}, {"dp_shard", dims.dp_shard}, {"tp", dims.tp},
-                 {"zero_stage", zero_stage}, {"memory_peak_bytes_by_category", by_cat}});
+                 {"zero_stage", zero_stage}, {"memory_peak_bytes_by_category", by_cat},
+                 {"nonfinite_steps_skipped", guard.skipped_total()}});
   log::info("summary: " + std::to_string(summary.steps) + " steps in " + fmt("%.1f s", summary.elapsed_s) +
             ", final loss " + fmt("%.4f", summary.final_loss) +
             (summary.final_val_loss >= 0 ? ", final val_loss " + fmt("%.4f", summary.final_val_loss) : std::string()) +

@@ -16,8 +16,8 @@ def losses(folder):
 def same_final_params(a, b):
     """Whether a/model_final.h5 and b/model_final.h5 hold bitwise identical parameters."""
     with h5py.File(os.path.join(a, "model_final.h5")) as f, h5py.File(os.path.join(b, "model_final.h5")) as g:
-        return set(f["params"]) == set(g["params"]) and all(
-            np.array_equal(f["params"][k][()], g["params"][k][()]) for k in f["params"])
+        return set(f["model"]) == set(g["model"]) and all(
+            np.array_equal(f["model"][k][()], g["model"][k][()]) for k in f["model"])
 
 
 def report(checks, context):

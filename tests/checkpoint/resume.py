@@ -36,7 +36,7 @@ def records(folder):
 
 def params(folder):
     with h5py.File(os.path.join(folder, "model_final.h5"), "r") as f:
-        return {k: f["params"][k][()] for k in f["params"]}
+        return {k: f["model"][k][()] for k in f["model"]}
 
 
 def main():

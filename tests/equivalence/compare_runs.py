@@ -40,8 +40,8 @@ def run(args, np_, tag, layout_args):
     losses = [r["loss"] for r in recs if "loss" in r]
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
     norms = [r["grad_norm"] for r in recs if "grad_norm" in r]
-    with h5py.File(os.path.join(out, "model_final.h5"), "r") as f:
-        params = {k: f["params"][k][()] for k in f["params"]}
+    with h5py.File(os.path.join(out, "model_final.h5"), "r") as f:  # a model-only checkpoint: /model/<name>
+        params = {k: f["model"][k][()] for k in f["model"]}
     return losses, vals, params, norms
 
 

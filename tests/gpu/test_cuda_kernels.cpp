@@ -8,6 +8,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -477,6 +478,17 @@ BOOST_AUTO_TEST_CASE(sum_squares_multi_matches_cpu) {
   check_scalar(got, want, 1e-9, "sum_squares_multi");
   BOOST_CHECK_EQUAL(gpu().sum_squares_multi(g, div), got);  // bitwise repeatable
   BOOST_CHECK_THROW(gpu().sum_squares_multi(g, {1.0}), std::invalid_argument);
+  // Per-tensor terms (the non-finite guard's parameter names) from the same pass.
+  std::vector<double> each_c, each_g;
+  cpu().sum_squares_multi(c, div, &each_c);
+  BOOST_CHECK_EQUAL(gpu().sum_squares_multi(g, div, &each_g), got);
+  BOOST_REQUIRE_EQUAL(each_g.size(), each_c.size());
+  for (size_t i = 0; i < each_c.size(); ++i) check_scalar(each_g[i], each_c[i], 1e-9, "sum_squares_multi term");
+  // A NaN in one tensor makes exactly its term (and the total) non-finite.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  gpu().upload(g[17], &nan, sizeof nan);
+  BOOST_CHECK(std::isnan(gpu().sum_squares_multi(g, div, &each_g)));
+  for (size_t i = 0; i < each_g.size(); ++i) BOOST_CHECK_EQUAL(std::isfinite(each_g[i]), i != 17);
 }
 
 // ---- flat ops ----

@@ -122,7 +122,8 @@ class CudaDevice final : public Device {
              const AdamWParams& p) override;
   void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) override;
   double sum_squares(const Tensor& x) override;
-  double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors) override;
+  double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,
+                           std::vector<double>* each = nullptr) override;
   void scale(const Tensor& x, float alpha) override;
   void add(const Tensor& y, const Tensor& x, float alpha) override;
   void copy(const Tensor& dst, const Tensor& src) override;

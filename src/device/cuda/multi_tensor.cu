@@ -127,11 +127,15 @@ void CudaDevice::adamw_multi(const std::vector<AdamWSegment>& segments, const Ad
 
 /// Σ_i Σ x_i² / divisor_i in fp64 over f32 tensors: per-(tensor, block) partials scaled by
 /// 1/divisor, then one fixed-order sum and one host synchronization. Deterministic for given
-/// sizes. bf16 inputs go through sum_squares() one by one. @throws std::invalid_argument.
-double CudaDevice::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors) {
+/// sizes. bf16 inputs go through sum_squares() one by one. With `each`, the partials come back
+/// to the host in the same synchronization (8 bytes per block) and are summed per tensor there.
+/// @throws std::invalid_argument.
+double CudaDevice::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,
+                                     std::vector<double>* each) {
   constexpr const char* k = "sum_squares_multi";
   require(xs.size() == divisors.size(), k,
           std::to_string(xs.size()) + " tensors but " + std::to_string(divisors.size()) + " divisors");
+  if (each) each->assign(xs.size(), 0.0);
   double other = 0;  // bf16 tensors (not gradients in practice)
   int64_t slots = 0;
   std::vector<int64_t> first(xs.size(), -1);
@@ -140,7 +144,9 @@ double CudaDevice::sum_squares_multi(const std::vector<Tensor>& xs, const std::v
     require_float(xs[i], k, "x");
     if (xs[i].numel() == 0) continue;
     if (xs[i].dtype() != DType::kF32) {
-      other += sum_squares(xs[i]) / divisors[i];
+      const double term = sum_squares(xs[i]) / divisors[i];
+      other += term;
+      if (each) (*each)[i] = term;
       continue;
     }
     first[i] = slots;
@@ -171,10 +177,21 @@ double CudaDevice::sum_squares_multi(const std::vector<Tensor>& xs, const std::v
   }
   flush();
   launch_sum_doubles(scratch, slots, scratch + slots, compute_);
-  MT_CUDA(cudaMemcpyAsync(host_scratch_, scratch + slots, sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  if (each) {  // every partial and the total: [0, slots) then [slots]
+    MT_CUDA(cudaMemcpyAsync(host_scratch_, scratch, size_t(slots + 1) * sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  } else {
+    MT_CUDA(cudaMemcpyAsync(host_scratch_ + slots, scratch + slots, sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  }
   MT_CUDA(cudaStreamSynchronize(compute_));
   check_error_flag();
-  return host_scratch_[0] + other;
+  if (each)
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (first[i] < 0) continue;
+      double t = 0;
+      for (int64_t b = 0; b < blocks_for(xs[i].numel()); ++b) t += host_scratch_[first[i] + b];
+      (*each)[i] = t;
+    }
+  return host_scratch_[slots] + other;
 }
 
 }  // namespace meshtrain

@@ -74,7 +74,7 @@ class ShardedDataParallel final : public GradientSync {
   void finish_gradients() override;
   const std::vector<LocalShard>& local_shards() const override { return shards_; }
   /// Σ g² over this rank's gradient rows, summed over the fsdp group (replicas hold equal shards).
-  double grad_sum_squares(Device& dev) override;
+  double grad_sum_squares(Device& dev, std::vector<double>* each = nullptr) override;
   void after_optimizer_step() override;
   void gather_full_parameters() override;
   void release_full_parameters() override;
