@@ -7,10 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <thread>
-
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
+#include "comm/mpi/mpi_chunking.hpp"
 #include "tensor/bf16.hpp"
 #include "util/errors.hpp"
 
@@ -93,54 +94,112 @@ MPI_Op reduce_op(ReduceOp op, DType d, const std::string& group) {
   return o;
 }
 
-// Waits for `req` until `timeout_s` passes; then the watchdog names the collective and group on
-// stderr and aborts the whole job (MPI_Abort), so a dead or stuck rank never hangs the others.
-// Polls with a growing sleep (up to 1 ms) instead of MPI_Wait's busy loop, which also leaves the
-// core to the ranks still computing when ranks are oversubscribed.
-void wait_with_deadline(MPI_Request* req, const char* what, const std::string& group, double timeout_s) {
-  const auto start = std::chrono::steady_clock::now();
-  int done = 0;
-  for (int polls = 0;; ++polls) {
-    check(MPI_Test(req, &done, MPI_STATUS_IGNORE), what, group);
-    if (done) return;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (timeout_s > 0 && waited > timeout_s) {
-      int rank = 0;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      char host[MPI_MAX_PROCESSOR_NAME];
-      int len = 0;
-      MPI_Get_processor_name(host, &len);
-      std::fprintf(stderr,
-                   "[rank %d %.*s] watchdog: %s on %s did not complete within %.0f s (a rank died or hangs); "
-                   "aborting the job\n",
-                   rank, len, host, what, group.c_str(), timeout_s);
-      std::fflush(stderr);
-      MpiRuntime::abort_job(kExitComm);
-    }
-    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 100))));
-  }
+// Prints which collective on which group missed its deadline and aborts the whole job
+// (MPI_Abort), so a dead or stuck rank never hangs the others.
+[[noreturn]] void deadline_passed(const char* what, const std::string& group, double timeout_s) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  std::fprintf(stderr,
+               "[rank %d %.*s] watchdog: %s on %s did not complete within %.0f s (a rank died or hangs); "
+               "aborting the job\n",
+               rank, len, host, what, group.c_str(), timeout_s);
+  std::fflush(stderr);
+  MpiRuntime::abort_job(kExitComm);
 }
 
+/// Every MPI request of one Communicator call (one per chunk, mpi_chunking.hpp) under one
+/// deadline, and the derived datatypes they use. Open MPI's non-blocking collectives read a
+/// datatype until they complete, so the types are freed only then.
 class MpiWork final : public Work {
  public:
-  MpiWork(MPI_Request req, const char* what, std::string group, double timeout_s)
-      : req_(req), what_(what), group_(std::move(group)), timeout_s_(timeout_s) {}
+  /// `what` (a string literal) and `group` (MpiCommunicator::describe()) name the call in errors
+  /// and watchdog messages; `timeout_s` <= 0 waits forever.
+  MpiWork(const char* what, std::string group, double timeout_s)
+      : what_(what), group_(std::move(group)), timeout_s_(timeout_s) {}
   ~MpiWork() override {
-    if (req_ != MPI_REQUEST_NULL) wait_with_deadline(&req_, what_, group_, timeout_s_);  // never leave a buffer in flight
+    try {
+      wait();  // never leave a buffer in flight; a missed deadline still aborts the job
+    } catch (...) {
+    }
   }
-  void wait() override { wait_with_deadline(&req_, what_, group_, timeout_s_); }
+  /// Starts one MPI call: `start(&request)` returns its status. @throws CommError when it fails.
+  template <class Start>
+  void issue(Start&& start) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    check(start(&r), what_, group_);
+    reqs_.push_back(r);
+  }
+  /// Takes ownership of a committed datatype used by the requests issued so far.
+  void adopt(MPI_Datatype t) { types_.push_back(t); }
+
+  /// Polls every request until all completed or the deadline passed; then the watchdog aborts
+  /// the job. Polls with a growing sleep (up to 1 ms) instead of MPI_Waitall's busy loop, which
+  /// also leaves the core to the ranks still computing when ranks are oversubscribed.
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0; !test(); ++polls) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_) deadline_passed(what_, group_, timeout_s_);
+      if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 10 * (polls - 100))));
+    }
+  }
   bool test() override {
-    int done = 0;
-    check(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), what_, group_);
-    return done != 0;
+    if (done_) return true;
+    int all = 0;
+    statuses_.resize(reqs_.size());
+    const int rc = MPI_Testall(checked_int_count(int64_t(reqs_.size()), what_), reqs_.data(), &all, statuses_.data());
+    if (rc != MPI_SUCCESS) {
+      done_ = true;  // an MPI error leaves the communicator unusable: do not poll it again
+      int first = rc;
+      if (rc == MPI_ERR_IN_STATUS)
+        for (const MPI_Status& s : statuses_)
+          if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) {
+            first = s.MPI_ERROR;
+            break;
+          }
+      check(first, what_, group_);
+    }
+    if (!all) return false;
+    done_ = true;
+    for (MPI_Datatype& t : types_) MPI_Type_free(&t);
+    types_.clear();
+    return true;
   }
 
  private:
-  MPI_Request req_;
   const char* what_;
   std::string group_;
   double timeout_s_;
+  std::vector<MPI_Request> reqs_;
+  std::vector<MPI_Status> statuses_;
+  std::vector<MPI_Datatype> types_;
+  bool done_ = false;
 };
+
+/// Element `i` of tensor t (t's dtype), as MPI buffer address.
+void* element(const Tensor& t, int64_t i) {
+  return static_cast<char*>(t.raw()) + i * int64_t(dtype_size(t.dtype()));
+}
+
+/// A datatype of `count` consecutive `elem`s whose extent is `stride` elements, committed and
+/// owned by `work`: instance j of it addresses the same chunk of per-rank block j when blocks are
+/// `stride` elements apart (MPI-3.1 §4.1.7, MPI_Type_create_resized).
+MPI_Datatype block_chunk_type(MpiWork& work, MPI_Datatype elem, int count, int64_t stride, const char* what,
+                              const std::string& group) {
+  int elem_size = 0;
+  check(MPI_Type_size(elem, &elem_size), what, group);
+  MPI_Datatype contig = MPI_DATATYPE_NULL, resized = MPI_DATATYPE_NULL;
+  check(MPI_Type_contiguous(count, elem, &contig), what, group);
+  const int rc = MPI_Type_create_resized(contig, 0, MPI_Aint(stride) * elem_size, &resized);
+  MPI_Type_free(&contig);  // the resized type keeps what it needs of it
+  check(rc, what, group);
+  check(MPI_Type_commit(&resized), what, group);
+  work.adopt(resized);
+  return resized;
+}
 
 }  // namespace
 
@@ -195,72 +254,125 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, cons
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_reduce(const Tensor& t, ReduceOp op) {
-  MPI_Request r;
-  check(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), int(t.numel()), mpi_type(t), reduce_op(op, t.dtype(), name_), comm_, &r),
-        "all_reduce", name_);
+  const MPI_Datatype type = mpi_type(t);
+  const MPI_Op mop = reduce_op(op, t.dtype(), name_);
+  auto work = std::make_unique<MpiWork>("all_reduce", describe(), timeout_s_);
+  for (const MpiChunk& c : plan_mpi_chunks(t.numel(), mpi_max_count()))
+    work->issue([&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, element(t, c.offset), c.count, type, mop, comm_, r);
+    });
   count(CollectiveKind::kAllReduce, int64_t(2 * t.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_reduce", describe(), timeout_s_);
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) {
   if (in.numel() != out.numel() * size_) throw std::invalid_argument("reduce_scatter: in must be size × out");
   if (in.dtype() != out.dtype()) throw std::invalid_argument("reduce_scatter: in and out must have one dtype");
-  MPI_Request r;
-  check(MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(out.numel()), mpi_type(in),
-                                  reduce_op(op, in.dtype(), name_), comm_, &r),
-        "reduce_scatter", name_);
+  const MPI_Datatype type = mpi_type(in);
+  const MPI_Op mop = reduce_op(op, in.dtype(), name_);
+  const int64_t n = out.numel();
+  auto work = std::make_unique<MpiWork>("reduce_scatter", describe(), timeout_s_);
+  if (n <= per_rank_max_count(mpi_max_count(), size_)) {
+    work->issue([&](MPI_Request* r) {
+      return MPI_Ireduce_scatter_block(in.raw(), out.raw(), int(n), type, mop, comm_, r);
+    });
+  } else {
+    // Chunk k of block j is reduced onto rank j by its own MPI_Ireduce: chunks of the blocks are
+    // strided in `in`, and Open MPI's non-blocking reduce-scatter of a strided datatype would
+    // allocate a temporary of the whole input per chunk (libnbc reduces ranks × count elements
+    // into one buffer, then scatters). Each rank still sends every element of `in` once.
+    for (const MpiChunk& c : plan_mpi_chunks(n, mpi_max_count()))
+      for (int root = 0; root < size_; ++root)
+        work->issue([&](MPI_Request* r) {
+          return MPI_Ireduce(element(in, root * n + c.offset), root == rank_ ? element(out, c.offset) : nullptr,
+                             c.count, type, mop, root, comm_, r);
+        });
+  }
   count(CollectiveKind::kReduceScatter, int64_t(in.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "reduce_scatter", describe(), timeout_s_);
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_gather(const Tensor& in, const Tensor& out) {
   if (out.numel() != in.numel() * size_) throw std::invalid_argument("all_gather: out must be size × in");
-  MPI_Request r;
-  check(MPI_Iallgather(in.raw(), int(in.numel()), mpi_type(in), out.raw(), int(in.numel()), mpi_type(out), comm_, &r),
-        "all_gather", name_);
+  if (in.dtype() != out.dtype()) throw std::invalid_argument("all_gather: in and out must have one dtype");
+  const MPI_Datatype type = mpi_type(in);
+  const int64_t n = in.numel();
+  auto work = std::make_unique<MpiWork>("all_gather", describe(), timeout_s_);
+  // Chunk k of every rank's block lands in one call, through a receive type whose instances are
+  // n elements apart (one per rank's block of out).
+  for (const MpiChunk& c : plan_mpi_chunks(n, per_rank_max_count(mpi_max_count(), size_))) {
+    const bool whole = c.count == n;
+    const MPI_Datatype recv = whole ? type : block_chunk_type(*work, type, c.count, n, "all_gather", describe());
+    work->issue([&](MPI_Request* r) {
+      return MPI_Iallgather(element(in, c.offset), c.count, type, element(out, c.offset), whole ? c.count : 1, recv,
+                            comm_, r);
+    });
+  }
   count(CollectiveKind::kAllGather, int64_t(out.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_gather", describe(), timeout_s_);
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::broadcast(const Tensor& t, int root) {
-  MPI_Request r;
-  check(MPI_Ibcast(t.raw(), int(t.numel()), mpi_type(t), root, comm_, &r), "broadcast", name_);
+  const MPI_Datatype type = mpi_type(t);
+  auto work = std::make_unique<MpiWork>("broadcast", describe(), timeout_s_);
+  for (const MpiChunk& c : plan_mpi_chunks(t.numel(), mpi_max_count()))
+    work->issue([&](MPI_Request* r) { return MPI_Ibcast(element(t, c.offset), c.count, type, root, comm_, r); });
   if (rank_ == root) count(CollectiveKind::kBroadcast, int64_t(t.nbytes()));
-  return std::make_unique<MpiWork>(r, "broadcast", describe(), timeout_s_);
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::send(const Tensor& t, int peer, int tag) {
-  MPI_Request r;
-  check(MPI_Isend(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "send", name_);
+  const MPI_Datatype type = mpi_type(t);
+  auto work = std::make_unique<MpiWork>("send", describe(), timeout_s_);
+  // MPI's non-overtaking rule (MPI-3.1 §3.5) delivers the chunks in order into the receiver's
+  // chunks, which recv plans the same way.
+  for (const MpiChunk& c : plan_mpi_chunks(t.numel(), mpi_max_count()))
+    work->issue([&](MPI_Request* r) { return MPI_Isend(element(t, c.offset), c.count, type, peer, tag, comm_, r); });
   count(CollectiveKind::kSendRecv, int64_t(t.nbytes()));
-  return std::make_unique<MpiWork>(r, "send", describe(), timeout_s_);
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::recv(const Tensor& t, int peer, int tag) {
-  MPI_Request r;
-  check(MPI_Irecv(t.raw(), int(t.numel()), mpi_type(t), peer, tag, comm_, &r), "recv", name_);
-  return std::make_unique<MpiWork>(r, "recv", describe(), timeout_s_);
+  const MPI_Datatype type = mpi_type(t);
+  auto work = std::make_unique<MpiWork>("recv", describe(), timeout_s_);
+  for (const MpiChunk& c : plan_mpi_chunks(t.numel(), mpi_max_count()))
+    work->issue([&](MPI_Request* r) { return MPI_Irecv(element(t, c.offset), c.count, type, peer, tag, comm_, r); });
+  return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::all_to_all(const Tensor& in, const Tensor& out) {
   if (in.numel() != out.numel() || in.numel() % size_) throw std::invalid_argument("all_to_all: sizes");
-  MPI_Request r;
-  const int n = int(in.numel() / size_);
-  check(MPI_Ialltoall(in.raw(), n, mpi_type(in), out.raw(), n, mpi_type(out), comm_, &r), "all_to_all", name_);
+  if (in.dtype() != out.dtype()) throw std::invalid_argument("all_to_all: in and out must have one dtype");
+  const MPI_Datatype type = mpi_type(in);
+  const int64_t n = in.numel() / size_;
+  auto work = std::make_unique<MpiWork>("all_to_all", describe(), timeout_s_);
+  // Chunk k of every block, sent and received through one type whose instances are n apart.
+  for (const MpiChunk& c : plan_mpi_chunks(n, per_rank_max_count(mpi_max_count(), size_))) {
+    const bool whole = c.count == n;
+    const MPI_Datatype block = whole ? type : block_chunk_type(*work, type, c.count, n, "all_to_all", describe());
+    const int k = whole ? c.count : 1;
+    work->issue([&](MPI_Request* r) {
+      return MPI_Ialltoall(element(in, c.offset), k, block, element(out, c.offset), k, block, comm_, r);
+    });
+  }
   count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
-  return std::make_unique<MpiWork>(r, "all_to_all", describe(), timeout_s_);
+  return work;
 }
 
 void MpiCommunicator::barrier() {
-  MPI_Request r;
-  check(MPI_Ibarrier(comm_, &r), "barrier", name_);
-  wait_with_deadline(&r, "barrier", describe(), timeout_s_);
+  MpiWork work("barrier", describe(), timeout_s_);
+  work.issue([&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+  work.wait();
 }
 
 void MpiCommunicator::all_reduce_host(double* values, int n, ReduceOp op) {
-  MPI_Request r;
-  check(MPI_Iallreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op(op), comm_, &r), "all_reduce", name_);
-  wait_with_deadline(&r, "all_reduce (host scalars)", describe(), timeout_s_);
+  if (n < 0) throw std::invalid_argument("all_reduce_host: negative count " + std::to_string(n));
+  MpiWork work("all_reduce (host scalars)", describe(), timeout_s_);
+  for (const MpiChunk& c : plan_mpi_chunks(n, mpi_max_count()))
+    work.issue([&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, values + c.offset, c.count, MPI_DOUBLE, mpi_op(op), comm_, r);
+    });
+  work.wait();
 }
 
 std::string MpiCommunicator::describe() const {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/mpi/mpi_chunking.hpp"
 
 namespace meshtrain {
 
@@ -31,6 +32,18 @@ class MpiRuntime {
 /// MPI_UINT16_T and reduces (sum, max, min) through user-defined commutative MPI_Ops that
 /// widen each pair to float and round sums back to nearest-even (created at first use, on the
 /// MPI thread).
+///
+/// Tensors of any size (int64 elements): every call is issued as one or more MPI calls of at
+/// most mpi_max_count() elements each (mpi_chunking.hpp), in the same order on every rank, and
+/// the returned Work completes when all of them completed (one deadline for the whole call).
+/// A call that fits the limit is the single MPI call it always was. Past the limit:
+/// all_reduce, broadcast, send and recv move consecutive slices; all_gather and all_to_all move
+/// slice k of every rank's block in one call through a derived datatype (a chunk of the block,
+/// resized to the block's extent); reduce_scatter reduces slice k of block j onto rank j with
+/// one MPI_Ireduce per (slice, rank). For the collectives with per-rank blocks "fits" means
+/// ranks × block ≤ the limit (per_rank_max_count), since MPI implementations total that in an
+/// int. A receive must be posted with the sender's element count (both sides chunk it the same
+/// way; a larger receive would wait for a chunk that is never sent).
 class MpiCommunicator final : public Communicator {
  public:
   /// Wraps `comm` (duplicated, freed on destruction) under the group name `name`.
@@ -52,6 +65,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
   void barrier() override;
+  /// Blocking; `values` [n] doubles. @throws std::invalid_argument when n < 0, CommError from MPI.
   void all_reduce_host(double* values, int n, ReduceOp op) override;
   /// Deadline of every collective issued from now on (seconds; <= 0 waits forever). When one
   /// passes, the rank prints the collective and group and aborts the whole job (exit 3).
