@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "util/trace.hpp"
+
 namespace meshtrain {
 
 bool CheckpointPolicy::recompute(int64_t block) const {
@@ -46,7 +48,10 @@ void Executor::forward_backward(StepContext& ctx) {
     saved_[u].clear();
     saved_[u].set_discard(recompute);
     inputs_[u] = recompute ? x : Tensor();
-    x = units_[u]->forward(ctx, saved_[u], x);
+    {
+      trace::Span span(units_[u]->name(), "forward");
+      x = units_[u]->forward(ctx, saved_[u], x);
+    }
     if (hooks_) hooks_->post_forward(u);
   }
   Tensor dx;
@@ -54,10 +59,14 @@ void Executor::forward_backward(StepContext& ctx) {
     if (hooks_) hooks_->pre_backward(u);
     if (saved_[u].discard()) {
       saved_[u].set_discard(false);
+      trace::Span span(units_[u]->name(), "recompute");
       units_[u]->forward(ctx, saved_[u], inputs_[u]);  // recompute, saving this time
       inputs_[u] = Tensor();
     }
-    dx = units_[u]->backward(ctx, saved_[u], dx);
+    {
+      trace::Span span(units_[u]->name(), "backward");
+      dx = units_[u]->backward(ctx, saved_[u], dx);
+    }
     if (!saved_[u].empty()) throw std::logic_error("unit " + units_[u]->name() + " left saved tensors");
     if (hooks_) hooks_->post_backward(u);
   }
@@ -69,7 +78,10 @@ void Executor::forward(StepContext& ctx) {
   Tensor x;
   for (size_t u = 0; u < units_.size(); ++u) {
     if (hooks_) hooks_->pre_forward(u);
-    x = units_[u]->forward(ctx, discard, x);
+    {
+      trace::Span span(units_[u]->name(), "forward");
+      x = units_[u]->forward(ctx, discard, x);
+    }
     if (hooks_) hooks_->post_forward(u);
   }
 }

@@ -1,7 +1,9 @@
 #pragma once
 /// @file Executor: runs the graph of units forward and backward for one micro-batch, owns the
 /// saved activations, drops and recomputes them per the activation-checkpointing policy, and
-/// calls per-unit hooks in order (the attachment points of FSDP and DDP bucketing).
+/// calls per-unit hooks in order (the attachment points of FSDP and DDP bucketing). Each unit's
+/// forward, recomputation and backward is a trace span (util/trace.hpp: name = the unit's name,
+/// category "forward" / "recompute" / "backward"), the hooks' collectives are spans of their own.
 #include <vector>
 
 #include "model/layer.hpp"

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "util/trace.hpp"
+
 namespace meshtrain {
 
 DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucket_bytes, DType reduce_dtype)
@@ -43,6 +45,8 @@ void DataParallel::post_backward(size_t unit) {
       dev.cast(f.wire, t);
       t = f.wire;
     }
+    trace::Span span("issue all_reduce", "comm_issue");
+    span.arg("unit", unit).arg("bytes", int64_t(t.nbytes())).arg("group", comm_.name());
     f.work = comm_.all_reduce(t, ReduceOp::kSum);
     pending_.push_back(std::move(f));
   }
@@ -54,6 +58,8 @@ void DataParallel::poll() {
 }
 
 void DataParallel::finish() {
+  trace::Span span("wait gradient all_reduce", "comm_wait");
+  span.arg("buckets", pending_.size());
   const auto t0 = std::chrono::steady_clock::now();
   for (auto& f : pending_) {
     f.work->wait();

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "model/init.hpp"
+#include "util/trace.hpp"
 
 namespace meshtrain {
 
@@ -74,6 +75,8 @@ void ShardedDataParallel::timed_wait(Work& w) {
 void ShardedDataParallel::start_gather(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready || s.gather) return;
+  trace::Span span("issue all_gather", "comm_issue");
+  span.arg("unit", f).arg("group", shard_.name());
   const ShardUnit& su = plan_.units[f];
   if (gather_bf16()) {
     s.gather_send = dev_.empty({su.shard_elems}, DType::kBF16, MemCategory::kCommunication);
@@ -92,13 +95,18 @@ void ShardedDataParallel::start_gather(size_t f) {
   }
   s.gather_recv = dev_.empty({plan_.group * su.shard_elems}, s.gather_send.dtype(), MemCategory::kCommunication);
   s.gather = shard_.all_gather(s.gather_send, s.gather_recv);
+  span.arg("bytes", int64_t(s.gather_recv.nbytes()));
 }
 
 void ShardedDataParallel::ensure_params(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready) return;
   start_gather(f);
-  timed_wait(*s.gather);
+  {
+    trace::Span span("wait all_gather", "comm_wait");
+    span.arg("unit", f);
+    timed_wait(*s.gather);
+  }
   const ShardUnit& su = plan_.units[f];
   if (s.gather_recv.dtype() == DType::kBF16) {  // bf16 gather: the values are the compute copies
     s.full_values = dev_.empty({su.full_elems}, DType::kBF16, MemCategory::kCommunication);
@@ -140,6 +148,8 @@ void ShardedDataParallel::release_params(size_t f) {
 }
 
 void ShardedDataParallel::start_reduce(size_t f) {
+  trace::Span span("issue reduce_scatter", "comm_issue");
+  span.arg("unit", f).arg("group", shard_.name());
   UnitState& s = units_[f];
   const ShardUnit& su = plan_.units[f];
   Reduction r;
@@ -165,11 +175,13 @@ void ShardedDataParallel::start_reduce(size_t f) {
     r.in = wire_in;
     r.wire_out = dev_.empty({su.shard_elems}, DType::kBF16, MemCategory::kCommunication);
     r.accumulate = !first;
+    span.arg("bytes", int64_t(r.in.nbytes()));
     r.work = shard_.reduce_scatter(r.in, r.wire_out, ReduceOp::kSum);
     reductions_.push_back(std::move(r));
     return;
   }
   if (!first) r.staging = dev_.empty({su.shard_elems}, DType::kF32, MemCategory::kCommunication);
+  span.arg("bytes", int64_t(r.in.nbytes()));
   r.work = shard_.reduce_scatter(r.in, first ? s.shard_grads : r.staging, ReduceOp::kSum);
   reductions_.push_back(std::move(r));
 }
@@ -177,10 +189,13 @@ void ShardedDataParallel::start_reduce(size_t f) {
 void ShardedDataParallel::retire(bool block) {
   while (!reductions_.empty()) {
     Reduction& r = reductions_.front();
-    if (block)
+    if (block) {
+      trace::Span span("wait reduce_scatter", "comm_wait");
+      span.arg("unit", r.unit);
       timed_wait(*r.work);
-    else if (!r.work->test())
+    } else if (!r.work->test()) {
       break;
+    }
     UnitState& s = units_[r.unit];
     if (r.wire_out.defined()) {  // bf16 on the wire: widen into the f32 shard (first) or add to it
       if (r.accumulate) {
@@ -209,10 +224,12 @@ void ShardedDataParallel::retire(bool block) {
   }
   while (!replicas_.empty()) {
     ReplicaReduction& rr = replicas_.front();
-    if (block)
+    if (block) {
+      trace::Span span("wait all_reduce (replicas)", "comm_wait");
       timed_wait(*rr.work);
-    else if (!rr.work->test())
+    } else if (!rr.work->test()) {
       break;
+    }
     if (rr.wire.defined()) dev_.cast(rr.target, rr.wire);
     replicas_.pop_front();
   }
