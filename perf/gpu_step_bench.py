@@ -24,8 +24,8 @@ bf16 compute with float32 master weights and AdamW state, in the same run.
    (halved until it fits if PyTorch runs out of memory; the JSON says so), same steps and warm-up.
 
 tokens/s = local batch × seq_len / median step time; TFLOPS = tokens/s × FLOPs per token, the
-formula of meshtrain's metrics (`meshtrain model info --json`: 6·(N − N_embedding) +
-12·layers·heads·head_dim·seq_len, src/config/model_args.cpp); MFU = TFLOPS / --peak-tflops (989:
+formula of meshtrain's metrics (`meshtrain model info --json`: 6·N_matmul +
+12·layers·heads·head_dim·seq_len, the tied output projection counted; src/config/model_args.cpp); MFU = TFLOPS / --peak-tflops (989:
 H100 and H200 SXM dense BF16 datasheet). Ratios are meshtrain / torch.compile and
 meshtrain / eager tokens/s. A benchmark, not a test: nothing asserts on time. Every external step
 that fails stops the run with its command and the end of its output.

@@ -59,8 +59,9 @@ void print_json(const ModelArgs& m, int64_t seq_len) {
       {"rope_scaling_factor", m.rope_scaling_factor}, {"rope_low_freq_factor", m.rope_low_freq_factor},
       {"rope_high_freq_factor", m.rope_high_freq_factor}, {"rope_original_max_seq_len", m.rope_original_max_seq_len},
       {"qk_norm", m.qk_norm}, {"tie_word_embeddings", m.tie_word_embeddings}, {"parameters", m.num_params()},
-      {"embedding_parameters", m.num_embedding_params()}, {"seq_len", seq_len},
-      {"flops_per_token", m.flops_per_token(seq_len)}};
+      {"embedding_parameters", m.num_embedding_params()}, {"matmul_parameters", m.matmul_params()},
+      {"seq_len", seq_len}, {"flops_per_token", m.flops_per_token(seq_len)},
+      {"flops_per_token_without_tied_output", m.flops_per_token_without_tied_output(seq_len)}};
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -84,8 +85,16 @@ void print_text(const ModelArgs& m, int64_t seq_len) {
   std::printf("  parameters %lld (%s), embedding %lld, non-embedding %lld\n", ll(m.num_params()),
               human(double(m.num_params())).c_str(), ll(m.num_embedding_params()),
               ll(m.num_params() - m.num_embedding_params()));
-  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·(N − N_emb) + 12·L·H·Dh·T)\n", ll(seq_len),
-              m.flops_per_token(seq_len));
+  std::printf("  matmul parameters N_matmul %lld (%s): all but the embedding lookup%s\n", ll(m.matmul_params()),
+              human(double(m.matmul_params())).c_str(),
+              m.tie_word_embeddings ? ", the tied output projection counted (it is a matmul)" : "");
+  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·N_matmul + 12·L·H·Dh·T, no causal discount; MFU uses it)\n",
+              ll(seq_len), m.flops_per_token(seq_len));
+  if (m.tie_word_embeddings)
+    std::printf("  without the tied output projection: %.4g (6·(N − N_emb) + 12·L·H·Dh·T, TorchTitan's count for tied "
+                "models; %.1f%% lower)\n",
+                m.flops_per_token_without_tied_output(seq_len),
+                100.0 * (1.0 - m.flops_per_token_without_tied_output(seq_len) / m.flops_per_token(seq_len)));
 }
 
 }  // namespace

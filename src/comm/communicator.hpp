@@ -60,7 +60,7 @@ class Communicator {
 
   /// Bytes this rank has sent per collective kind since construction, counted as the standard
   /// ring-algorithm volume: all-reduce 2·S·(N−1)/N, reduce-scatter and all-gather S·(N−1)/N,
-  /// broadcast S (root) — the formulas of ../shared/reference (bytes).
+  /// broadcast S (root) — Patarasuk & Yuan 2009's bandwidth-optimal ring volumes (bytes).
   const std::array<int64_t, int(CollectiveKind::kCount)>& bytes_sent() const { return bytes_; }
 
  protected:

@@ -25,9 +25,18 @@ int64_t ModelArgs::num_params() const {
   return num_embedding_params() + n_layers * per_layer + dim + output;
 }
 
+int64_t ModelArgs::matmul_params() const {
+  return num_params() - num_embedding_params() + (tie_word_embeddings ? vocab_size * dim : 0);
+}
+
 double ModelArgs::flops_per_token(int64_t seq_len) const {
-  const double n = static_cast<double>(num_params() - num_embedding_params());
-  return 6.0 * n + 12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
+  return 6.0 * static_cast<double>(matmul_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
+}
+
+double ModelArgs::flops_per_token_without_tied_output(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_params() - num_embedding_params()) +
+         12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
 }
 
 namespace {

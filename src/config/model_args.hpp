@@ -36,10 +36,20 @@ struct ModelArgs {
   int64_t num_params() const;
   /// Parameters of the token embedding (vocab × D).
   int64_t num_embedding_params() const;
-  /// Training FLOPs per token for sequences of `seq_len` tokens:
-  /// 6·(N − N_embedding) + 12·n_layers·n_heads·head_dim·seq_len (Kaplan et al. 2020, eq. 2.1
-  /// with the attention term as in PaLM, Chowdhery et al. 2022, appendix B; as used by TorchTitan).
+  /// Parameters that take part in a matmul per token, N_matmul: every parameter but the
+  /// embedding table (a lookup), with the output projection counted even when it is tied to the
+  /// embedding — tied or not, it is a [D] x [D, V] matmul per token (about 19% of Llama 3.2 1B's
+  /// FLOPs). The norms' weights (a few D per layer) stay in, as in TorchTitan's count.
+  int64_t matmul_params() const;
+  /// Training FLOPs per token for sequences of `seq_len` tokens, the convention of TorchTitan and
+  /// PaLM (Chowdhery et al. 2022, appendix B): 6·N_matmul + 12·n_layers·n_heads·head_dim·seq_len
+  /// (forward + backward = 3 × forward, 2 FLOPs per multiply-add; attention scores and values at
+  /// full length, no causal discount). MFU is computed from it.
   double flops_per_token(int64_t seq_len) const;
+  /// The same formula with 6·(N − N_embedding) in place of 6·N_matmul: what TorchTitan prints
+  /// for a tied model, whose shared weights it counts once, so the output projection drops out.
+  /// Equal to flops_per_token() for untied models; shown by `meshtrain model info` beside it.
+  double flops_per_token_without_tied_output(int64_t seq_len) const;
 };
 
 /// The published flavors of `name` (llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3:

@@ -64,7 +64,7 @@ std::string layout_report_with_volume(const RankLayout& l, const JobConfig& cfg)
     out << line << "\n";
     ++row;
   }
-  out << "bytes/step/rank: ring-algorithm volumes per optimizer step (doc/layout.md; ../shared/reference formulas)\n";
+  out << "bytes/step/rank: ring-algorithm volumes per optimizer step (doc/layout.md; ring all-reduce 2·S·(N−1)/N, all-gather / reduce-scatter S·(N−1)/N)\n";
   return out.str();
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 /// @file Bytes each mesh dimension moves per optimizer step per rank for a deck's model — the
-/// ring-algorithm volumes of ../shared/reference ("finding the best configuration", §3–4):
+/// ring-algorithm volumes (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms";
+/// the NCCL performance notes use the same bus-bandwidth factors):
 /// all-reduce 2·S·(N−1)/N, all-gather and reduce-scatter S·(N−1)/N for a tensor of S bytes over
 /// N ranks. Shown in the layout report so a user sees which traffic crosses the spine.
 #include <array>
