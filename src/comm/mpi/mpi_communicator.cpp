@@ -14,6 +14,7 @@
 #include "comm/mpi/mpi_chunking.hpp"
 #include "tensor/bf16.hpp"
 #include "util/errors.hpp"
+#include "util/trace.hpp"
 
 namespace meshtrain {
 
@@ -112,7 +113,9 @@ MPI_Op reduce_op(ReduceOp op, DType d, const std::string& group) {
 
 /// Every MPI request of one Communicator call (one per chunk, mpi_chunking.hpp) under one
 /// deadline, and the derived datatypes they use. Open MPI's non-blocking collectives read a
-/// datatype until they complete, so the types are freed only then.
+/// datatype until they complete, so the types are freed only then. When tracing
+/// (util/trace.hpp), the call is an async "collective" interval from construction (issue) to the
+/// first test() that sees it complete, and a blocking wait() a "comm_wait" span.
 class MpiWork final : public Work {
  public:
   /// `what` (a string literal) and `group` (MpiCommunicator::describe()) name the call in errors
@@ -139,6 +142,9 @@ class MpiWork final : public Work {
   /// the job. Polls with a growing sleep (up to 1 ms) instead of MPI_Waitall's busy loop, which
   /// also leaves the core to the ranks still computing when ranks are oversubscribed.
   void wait() override {
+    if (test()) return;
+    trace::Span span(what_, "comm_wait");  // only the time this rank was blocked
+    span.arg("group", group_);
     const auto start = std::chrono::steady_clock::now();
     for (int polls = 0; !test(); ++polls) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -164,6 +170,7 @@ class MpiWork final : public Work {
     }
     if (!all) return false;
     done_ = true;
+    if (issued_ns_ >= 0) trace::record_async(what_, "collective", issued_ns_, trace::now_ns(), {{"group", group_}});
     for (MPI_Datatype& t : types_) MPI_Type_free(&t);
     types_.clear();
     return true;
@@ -177,6 +184,8 @@ class MpiWork final : public Work {
   std::vector<MPI_Status> statuses_;
   std::vector<MPI_Datatype> types_;
   bool done_ = false;
+  // Tracing: start of the issue-to-first-observed-completion interval (-1: tracing was off).
+  int64_t issued_ns_ = trace::enabled() ? trace::now_ns() : -1;
 };
 
 /// Element `i` of tensor t (t's dtype), as MPI buffer address.
