@@ -19,6 +19,7 @@
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
+#include "comm/mpi/mpi_chunking.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -172,17 +173,25 @@ std::string checksum_line(const std::string& name, const std::vector<hsize_t>& s
   return name + "\t" + join(start) + "\t" + join(count) + "\t" + hash_hex + "\n";
 }
 
-// Every rank's text, concatenated in rank order, on every rank.
-std::string all_gather_text(MPI_Comm world, const std::string& mine) {
+// Every rank's text, concatenated in rank order, on every rank. Lengths travel as int64 so that
+// every rank sees the same total and throws the same CommError if it exceeds MPI's int counts.
+std::string all_gather_text(MPI_Comm world, const std::string& mine, const std::string& what) {
   int size = 0;
   MPI_Comm_size(world, &size);
-  int len = int(mine.size());
+  const int64_t len = int64_t(mine.size());
+  std::vector<int64_t> lens64(static_cast<size_t>(size));
+  MPI_Allgather(&len, 1, MPI_INT64_T, lens64.data(), 1, MPI_INT64_T, world);
+  int64_t total = 0;
+  for (int64_t l : lens64) total += l;
+  checked_int_count(total, what);  // then every length and displacement below fits an int
   std::vector<int> lens(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world);
-  int total = 0;
-  for (int r = 0; r < size; ++r) displs[size_t(r)] = total, total += lens[size_t(r)];
+  for (int r = 0, at = 0; r < size; ++r) {
+    lens[size_t(r)] = int(lens64[size_t(r)]);
+    displs[size_t(r)] = at;
+    at += lens[size_t(r)];
+  }
   std::string all(size_t(total), '\0');
-  MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, world);
+  MPI_Allgatherv(mine.data(), int(len), MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, world);
   return all;
 }
 
@@ -390,7 +399,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       }
     }
     // /checksums: every rank's records (gathered), one uint8 text dataset written by rank 0.
-    const std::string all = all_gather_text(world, checksums);
+    const std::string all = all_gather_text(world, checksums, path + ": /checksums (bytes over all ranks)");
     {
       Handle ds = create_bytes_dataset(file.id, "/checksums", int64_t(all.size()), path);
       h5::write_attr(ds.id, "algorithm", std::string("xxh3_64"), path);
@@ -536,7 +545,9 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   int64_t n_records = error.empty() ? int64_t(records.size()) : -1, max_records = 0;
   MPI_Allreduce(&n_records, &max_records, 1, MPI_INT64_T, MPI_MAX, world);
   verified.resize(size_t(std::max<int64_t>(max_records, 0)), 0);
-  if (max_records > 0) MPI_Allreduce(MPI_IN_PLACE, verified.data(), int(max_records), MPI_INT, MPI_MAX, world);
+  if (max_records > 0)  // the same max_records on every rank, so every rank throws alike
+    MPI_Allreduce(MPI_IN_PLACE, verified.data(), checked_int_count(max_records, path + ": /checksums records"),
+                  MPI_INT, MPI_MAX, world);
   if (error.empty()) try {
       for (size_t i = 0, k = 0; i < records.size(); ++i)
         if (!verified[i] && int64_t(k++) % size == rank) verify_record(file.id, records[i], path, host);
