@@ -6,7 +6,9 @@
 /// run the non-blocking MPI collective on host buffers, and upload the result into the output
 /// when the collective completes (Work::wait or a successful Work::test). Uses only the Device
 /// interface, so it also runs over CpuDevice (where it only adds copies) — that is how CI tests
-/// it.
+/// it. Sizes stay int64 elements / size_t bytes on the staging side and the MPI transfer is
+/// MpiCommunicator's, which chunks counts past MPI's int (mpi_chunking.hpp), so device tensors
+/// of 2^31 elements or more are staged whole.
 #include <memory>
 #include <string>
 
