@@ -69,7 +69,9 @@ void DataParallel::finish() {
   wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double DataParallel::grad_sum_squares(Device& dev) { return local_sum_squares(dev, shards_); }
+double DataParallel::grad_sum_squares(Device& dev, std::vector<double>* each) {
+  return local_sum_squares(dev, shards_, each);
+}
 
 double DataParallel::take_comm_wait_seconds() {
   const double s = wait_s_;

@@ -283,8 +283,8 @@ void ShardedDataParallel::begin_evaluation() { eval_ = true; }
 
 void ShardedDataParallel::finish_gradients() { retire(true); }
 
-double ShardedDataParallel::grad_sum_squares(Device& dev) {
-  double s = local_sum_squares(dev, shards_);
+double ShardedDataParallel::grad_sum_squares(Device& dev, std::vector<double>* each) {
+  double s = local_sum_squares(dev, shards_, each);
   shard_.all_reduce_host(&s, 1, ReduceOp::kSum);
   return s;
 }
