@@ -6,8 +6,6 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options unit_test_framework)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(spdlog REQUIRED)
-# Protocol Buffers (TensorBoard event records, src/metrics): libprotobuf-dev + protobuf-compiler.
-find_package(Protobuf REQUIRED)
 
 # OpenBLAS: its pkg-config file gives the cblas header location on Debian.
 pkg_check_modules(OPENBLAS IMPORTED_TARGET openblas)

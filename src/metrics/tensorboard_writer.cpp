@@ -12,11 +12,69 @@
 #include <system_error>
 
 #include "metrics/tfrecord.hpp"
-#include "tensorboard_event.pb.h"
 
 namespace meshtrain {
 
 namespace {
+
+// The two messages are encoded here in the protocol-buffer wire format (the "Encoding" page of
+// the Protocol Buffers documentation), field by field as protoc's generated code would for
+// metrics/tensorboard_event.proto (proto3: field-number order, zero scalars omitted, oneof members
+// always written), instead of linking libprotobuf: Debian's libsentencepiece.so.0, which the same
+// binary loads for `data prepare`, carries its own protobuf-lite and exports its symbols, so
+// generated code linked against libprotobuf-lite 3.21 ends up calling SentencePiece's older copy
+// (a crash in MessageLite::SerializeAsString). tests/unit/check_tfevents.py decodes the files with
+// python3-protobuf and checks every record re-serializes to the same bytes.
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(char(uint8_t(v) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(char(v));
+}
+
+enum Wire { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
+
+void put_key(std::string& out, int field, Wire wire) { put_varint(out, uint64_t(field) << 3 | uint64_t(wire)); }
+
+void put_little_endian(std::string& out, uint64_t bits, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(char(uint8_t(bits >> (8 * i))));
+}
+
+void put_bytes(std::string& out, int field, const std::string& s) {
+  put_key(out, field, kLengthDelimited);
+  put_varint(out, s.size());
+  out += s;
+}
+
+// Event {wall_time = 1 (double), step = 2 (int64), oneof {file_version = 3, summary = 5}}.
+std::string event_bytes(double wall_time, int64_t step, const std::string* file_version, const std::string* summary) {
+  std::string out;
+  if (wall_time != 0.0) {
+    uint64_t bits;
+    std::memcpy(&bits, &wall_time, sizeof bits);
+    put_key(out, 1, kFixed64);
+    put_little_endian(out, bits, 8);
+  }
+  if (step != 0) {
+    put_key(out, 2, kVarint);
+    put_varint(out, uint64_t(step));  // int64: two's complement, 10 bytes when negative
+  }
+  if (file_version) put_bytes(out, 3, *file_version);
+  if (summary) put_bytes(out, 5, *summary);
+  return out;
+}
+
+// Summary {repeated Value value = 1}; Value {tag = 1 (string), oneof {simple_value = 2 (float)}}.
+void add_summary_value(std::string& summary, const std::string& tag, float value) {
+  std::string v;
+  if (!tag.empty()) put_bytes(v, 1, tag);
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  put_key(v, 2, kFixed32);
+  put_little_endian(v, bits, 4);
+  put_bytes(summary, 1, v);
+}
 
 std::string hostname() {
   char buf[256] = {};
@@ -61,11 +119,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& folder, int rank, double
   }
   if (!f_) throw std::runtime_error(base + ": cannot create the event file (1000 files of this name exist)");
 
-  tensorboard::Event first;
-  first.set_wall_time(wall_time);
-  first.set_step(0);
-  first.set_file_version("brain.Event:2");  // the version TensorBoard's readers expect
-  write_record(first.SerializeAsString());
+  const std::string version = "brain.Event:2";  // the version TensorBoard's readers expect
+  write_record(event_bytes(wall_time, 0, &version, nullptr));
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
@@ -74,17 +129,12 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 void TensorBoardWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars,
                                     double wall_time) {
-  tensorboard::Event ev;
-  ev.set_wall_time(wall_time < 0 ? now() : wall_time);
-  ev.set_step(step);
-  tensorboard::Summary* summary = ev.mutable_summary();
+  std::string summary;
   for (const auto& [tag, value] : scalars) {
     if (tag.empty()) throw std::invalid_argument(path_ + ": a TensorBoard scalar needs a non-empty tag");
-    tensorboard::Summary::Value* v = summary->add_value();
-    v->set_tag(tag);
-    v->set_simple_value(float(value));
+    add_summary_value(summary, tag, float(value));
   }
-  write_record(ev.SerializeAsString());
+  write_record(event_bytes(wall_time < 0 ? now() : wall_time, step, nullptr, &summary));
 }
 
 void TensorBoardWriter::write_record(const std::string& event_bytes) {

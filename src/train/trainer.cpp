@@ -19,6 +19,8 @@
 #include "device/device.hpp"
 #include "graph/executor.hpp"
 #include "metrics/metrics_writer.hpp"
+#include "metrics/step_profiler.hpp"
+#include "metrics/tensorboard_writer.hpp"
 #include "metrics/throughput.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
@@ -32,6 +34,7 @@
 #include "train/preemption.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
+#include "util/trace.hpp"
 
 namespace meshtrain {
 
@@ -244,10 +247,30 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
   }
   MetricsWriter metrics((out_dir / "metrics.jsonl").string(), rank0, /*append=*/resumed.step > 0);
   if (!load_event.is_null()) metrics.write(load_event);
+  // [profiling]: Chrome traces of the executor's units and the collectives, every profile_freq
+  // steps; [metrics] enable_tensorboard: the log line's scalars as TensorBoard events.
+  const ProfilingSection& pc = cfg.profiling;
+  std::unique_ptr<StepProfiler> profiler;
+  try {
+    profiler = std::make_unique<StepProfiler>(
+        ProfilingOptions{pc.enable_profiling, (out_dir / pc.save_traces_folder).string(), pc.profile_freq,
+                         pc.profiler_warmup, pc.profiler_active},
+        world.rank());
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(cfg.origin_of("profiling.profiler_active") + ": " + e.what());
+  }
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (cfg.metrics.enable_tensorboard && (rank0 || cfg.metrics.save_for_all_ranks)) {
+    std::filesystem::path tb_dir = out_dir / cfg.metrics.save_tb_folder;
+    if (cfg.metrics.save_for_all_ranks) tb_dir /= "rank_" + std::to_string(world.rank());
+    tensorboard = std::make_unique<TensorBoardWriter>(tb_dir.string(), world.rank());
+    log::info("tensorboard: " + tensorboard->path());
+  }
   int64_t tokens_seen = resumed.tokens_seen;
   Communicator& dp_replicate = dcomms.get(MeshDim::kDpReplicate);
   double last_lr = 0;
   auto save = [&](int64_t step) {
+    trace::Span span("checkpoint save", "checkpoint");
     const auto t_save = Clock::now();
     if (rank0) std::filesystem::create_directories(ckpt_dir);
     world.barrier();
@@ -324,6 +347,8 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                       std::to_string(world.size()) + " (must be < world size)");
   const int64_t first_step = resumed.step + 1;
   for (int64_t step = first_step; step <= cfg.training.steps; ++step) {
+    profiler->begin_step(step);
+    std::optional<trace::Span> step_span(std::in_place, "step " + std::to_string(step), "step");
     const auto t0 = Clock::now();
     const auto bytes0 = comm_bytes_now();
     sync->take_comm_wait_seconds();  // waits outside the step (validation) are not the step's
@@ -358,6 +383,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     const bool applied = check.verdict == StepVerdict::kApply;
     const double lr = schedule.lr(step);
     if (applied) {
+      trace::Span span("optimizer", "optimizer");
       clip_grad_norm(dev, sync->local_shards(), norm, cfg.training.max_norm);
       opt.step(float(lr));
       model.params_changed();  // bf16 compute copies are recast before their next use
@@ -369,6 +395,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     }
     sync->after_optimizer_step();
     dev.synchronize();
+    step_span.reset();  // the step's work ends here; logging, validation and saving are traced apart
     const double dt = seconds_since(t0);
     const double comm_wait = sync->take_comm_wait_seconds();
     nlohmann::json step_bytes = nlohmann::json::object();
@@ -400,6 +427,11 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
                      {"mfu", tp.mfu}, {"step_time_s", dt}, {"comm_wait_s", comm_wait}, {"comm_bytes", step_bytes},
                      {"memory_peak_bytes", int64_t(peak_all)},
                      {"memory_reserved_bytes", mem.reserved_bytes}, {"eta_s", eta}});
+      if (tensorboard)
+        tensorboard->add_scalars(step, {{"loss", loss}, {"grad_norm", norm}, {"lr", lr}, {"tokens_per_s", tp.tokens_per_s},
+                                        {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank},
+                                        {"tflops_per_rank", tp.tflops_per_rank}, {"mfu", tp.mfu}, {"step_time_s", dt},
+                                        {"comm_wait_s", comm_wait}, {"memory_peak_bytes", peak_all}, {"eta_s", eta}});
       log::info("step " + std::to_string(step) + "/" + std::to_string(cfg.training.steps) + "  loss " +
                 fmt("%.4f", loss) + "  grad_norm " + fmt("%.3f", norm) + "  lr " + fmt("%.2e", lr) + "  tok/s " +
                 fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
@@ -409,14 +441,18 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
       dev.allocator()->reset_peaks();
     }
     if (cfg.validation.enable && (step % cfg.validation.freq == 0 || step == cfg.training.steps)) {
+      trace::Span span("validation", "validation");
       const double vl = validate_loss(dev, model, exec, *sync, val_loader, *dp, local_batch, global_batch, cfg.validation.steps);
       summary.final_val_loss = vl;
       metrics.write({{"step", step}, {"val_loss", vl}});
+      if (tensorboard) tensorboard->add_scalars(step, {{"val_loss", vl}});
       log::info("validation step " + std::to_string(step) + "  val_loss " + fmt("%.4f", vl) + "  (unigram entropy " +
                 fmt("%.4f", unigram) + ")");
     }
     const bool saved = cfg.checkpoint.enable && (step % cfg.checkpoint.interval == 0 || step == cfg.training.steps);
     if (saved) save(step);
+    if (const std::string trace_file = profiler->end_step(step); !trace_file.empty() && rank0)
+      log::info("profiling: step " + std::to_string(step) + " trace written to " + trace_file + " (one file per rank)");
     // Preemption: any rank's signal (agreed with the non-finite check) stops every rank here, at
     // the same step boundary.
     const int stop = check.preempt_signal;

@@ -51,6 +51,15 @@ def expected(step):
 
 files = sorted(f for f in os.listdir(tb) if "tfevents" in f)
 check(len(files) == 2, f"two event files (first run + resumed run): {files}")
+# The writer encodes Event / Summary by hand: every record must be exactly what protobuf itself
+# serializes for the message it decodes to (canonical field order, proto3 defaults omitted).
+records = [data for f in files for data in read_tfevents.read_records(os.path.join(tb, f))]
+canonical = True
+for data in records:
+    ev = read_tfevents.Event()
+    ev.ParseFromString(data)
+    canonical &= ev.SerializeToString() == data
+check(len(records) > 2 and canonical, f"all {len(records)} records re-serialize to the same bytes with python3-protobuf")
 scalars = read_tfevents.read_scalars(tb)
 check(sorted(scalars) == ["grad_norm", "loss", "lr"], f"tags {sorted(scalars)}")
 steps = [1, 2, 3, 3, 4, 5]
