@@ -1,5 +1,6 @@
-// `meshtrain deck reference [--markdown]` and `meshtrain deck check --deck FILE --world-size N
-// [--section.key=value ...]`: the registry as documentation, and validate() without a launch.
+// `meshtrain deck reference [--markdown]`, `meshtrain deck torchtitan [--markdown]` and
+// `meshtrain deck check --deck FILE --world-size N [--section.key=value ...]`: the registry and
+// its TorchTitan compatibility table as documentation, and validate() without a launch.
 #include <cstdio>
 #include <string>
 
@@ -7,6 +8,7 @@
 #include "app/deck_args.hpp"
 #include "config/deck_parser.hpp"
 #include "config/deck_reference.hpp"
+#include "config/torchtitan_compat.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain::app {
@@ -14,8 +16,8 @@ namespace meshtrain::app {
 namespace {
 
 const char* kUsage =
-    "usage: meshtrain deck reference [--markdown] | meshtrain deck check --deck FILE --world-size N "
-    "[--section.key=value ...]";
+    "usage: meshtrain deck reference [--markdown] | meshtrain deck torchtitan [--markdown] | meshtrain deck check "
+    "--deck FILE --world-size N [--section.key=value ...]";
 
 long long ll(int64_t v) { return static_cast<long long>(v); }
 
@@ -36,6 +38,8 @@ int check(int argc, char** argv) {
   const ParallelDims d = cfg.validate(args.world_size);
   const ModelArgs a = cfg.model_args();
   const int64_t global = cfg.global_batch(d), seq = cfg.training.seq_len;
+  for (const std::string& n : cfg.notices) std::printf("notice: %s\n", n.c_str());
+  if (cfg.job.print_config) std::fputs(resolved_deck_toml(cfg).c_str(), stdout);
   std::printf("%s: valid for %lld rank%s\n", args.deck.c_str(), ll(args.world_size), args.world_size == 1 ? "" : "s");
   std::printf("  degrees: pp %lld × dp_replicate %lld × dp_shard %lld × cp %lld × tp %lld = %lld (ep %lld)\n",
               ll(d.pp), ll(d.dp_replicate), ll(d.dp_shard), ll(d.cp), ll(d.tp), ll(d.world()), ll(d.ep));
@@ -61,10 +65,13 @@ int cmd_deck(int argc, char** argv) {
     std::printf("%s\n", kUsage);
     return kExitOk;
   }
-  if (sub == "reference") {
+  if (sub == "reference" || sub == "torchtitan") {
     const std::string flag = argc > 1 ? argv[1] : "";
     if (argc > 2 || (argc == 2 && flag != "--markdown")) throw ConfigError(kUsage);
-    std::fputs((flag == "--markdown" ? deck_reference_markdown() : deck_reference_text()).c_str(), stdout);
+    const bool md = flag == "--markdown";
+    const std::string text = sub == "reference" ? (md ? deck_reference_markdown() : deck_reference_text())
+                                                : (md ? torchtitan_compat_markdown() : torchtitan_compat_text());
+    std::fputs(text.c_str(), stdout);
     return kExitOk;
   }
   if (sub == "check") return check(argc - 1, argv + 1);

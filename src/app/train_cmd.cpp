@@ -53,6 +53,8 @@ int cmd_train(int argc, char** argv) {
         if (args.deck.empty()) throw ConfigError("command line: --deck FILE is required (meshtrain train --deck FILE)");
         cfg = load_job_config(args.deck, args.overrides);
         dims = cfg.validate(mpi.world_size());
+        for (const std::string& n : cfg.notices) log::info("notice: " + n);  // TorchTitan keys with no effect here
+        if (cfg.job.print_config) log::info("resolved deck:\n" + resolved_deck_toml(cfg));
         check_device(cfg);  // a GPU deck on a node without one stops here, before any collective
         if (!cfg.topology.file.empty()) topo = Topology::from_slurm_conf(cfg.topology.file);
       }))

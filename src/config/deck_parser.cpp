@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include "config/option_registry.hpp"
 #include "config/toml_value.hpp"
+#include "config/torchtitan_keys.hpp"
 #include "util/errors.hpp"
 
 namespace po = boost::program_options;
@@ -20,13 +22,6 @@ namespace po = boost::program_options;
 namespace meshtrain {
 
 namespace {
-
-// "[section] key: " for "section.key".
-std::string key_label(const std::string& dotted) {
-  const size_t dot = dotted.find('.');
-  if (dot == std::string::npos) return dotted + ": ";
-  return "[" + dotted.substr(0, dot) + "] " + dotted.substr(dot + 1) + ": ";
-}
 
 [[noreturn]] void fail(const std::string& where, const std::string& dotted, const std::string& what) {
   throw ConfigError(where + ": " + key_label(dotted) + what);
@@ -39,6 +34,27 @@ bool is_bare_key(const std::string& k) {
   return true;
 }
 
+// A TOML dotted key `a.b.c` (blanks around the dots allowed) as "a.b.c"; "" when a part is not a
+// bare key.
+std::string dotted_name(const std::string& text) {
+  std::string out, part;
+  std::istringstream in(text);
+  while (std::getline(in, part, '.')) {
+    part = toml::trim(part);
+    if (!is_bare_key(part)) return "";
+    out += (out.empty() ? "" : ".") + part;
+  }
+  return text.empty() || text.back() == '.' ? "" : out;
+}
+
+// A table header names a registered section or a table that holds some ([quantize] holds
+// [quantize.linear.float8]); keys under the latter are dotted (`linear.float8.emulate = true`).
+bool is_table(const std::string& name) {
+  for (const std::string& s : option_sections())
+    if (s == name || s.rfind(name + ".", 0) == 0) return true;
+  return false;
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -48,21 +64,23 @@ std::string join(const std::vector<std::string>& v) {
 // The value as Boost.Program_options' config-file parser must see it: that parser cuts every
 // line at the first '#', even inside a string, so strings are re-quoted with '#' escaped.
 std::string po_safe(const Option& o, const OptionValue& v) {
-  auto scalar = [&](const OptionValue& s) { return o.type == OptionType::kString ? toml::quote(s.text, true) : s.text; };
-  if (!o.array) return scalar(v);
+  if (!o.array) return o.type == OptionType::kString ? toml::quote(v.text, true) : v.text;
+  Option inner = o;  // the items of a nested array are flat arrays
+  (o.nested ? inner.nested : inner.array) = false;
   std::string out = "[";
-  for (size_t i = 0; i < v.items.size(); ++i) out += (i ? ", " : "") + scalar(v.items[i]);
+  for (size_t i = 0; i < v.items.size(); ++i) out += (i ? ", " : "") + po_safe(inner, v.items[i]);
   return out + "]";
 }
 
 struct Scanned {
   std::map<std::string, int> lines;  // "section.key" -> deck line
-  std::string normalized;            // the same keys and values, one per line, for program_options
+  std::string normalized;            // "section.key=value" lines, for program_options
 };
 
-// The structural pass over the deck, in file order: sections, key lines, duplicates, and each
-// value's type and range (so the first fault in the file is the one reported). It also records
-// each key's line number, which program_options does not report.
+// The structural pass over the deck, in file order: table headers (dotted ones such as
+// [quantize.linear.float8] too), key lines (dotted keys too), duplicates, and each value's type
+// and range (so the first fault in the file is the one reported). It also records each key's
+// line number, which program_options does not report.
 Scanned scan_deck(const std::string& path, const std::string& text) {
   Scanned out;
   std::set<std::string> seen_sections;
@@ -74,44 +92,45 @@ Scanned scan_deck(const std::string& path, const std::string& text) {
     const std::string s = toml::trim(toml::strip_comment(line));
     if (s.empty()) continue;
     if (s.front() == '[') {
-      const std::string name = toml::trim(s.substr(1, s.size() >= 2 ? s.size() - 2 : 0));
-      if (s.back() != ']' || !is_bare_key(name))
-        throw ConfigError(where + ": malformed section header '" + s + "' (expected [section])");
-      const auto known = option_sections();
-      if (std::find(known.begin(), known.end(), name) == known.end())
+      const std::string name = dotted_name(s.substr(1, s.size() >= 2 ? s.size() - 2 : 0));
+      if (s.back() != ']' || name.empty())
+        throw ConfigError(where + ": malformed section header '" + s + "' (expected [section] or [section.table])");
+      if (!is_table(name)) {
+        const auto known = option_sections();
         throw ConfigError(where + ": unknown section [" + name + "]; did you mean [" + nearest_section(name) +
                           "]? (sections: " + join(known) + ")");
+      }
       if (!seen_sections.insert(name).second)
         throw ConfigError(where + ": section [" + name + "] appears twice (TOML defines a table once)");
       section = name;
-      out.normalized += "[" + section + "]\n";
       continue;
     }
     const size_t eq = s.find('=');
     if (eq == std::string::npos)
       throw ConfigError(where + ": malformed line '" + s + "' (expected key = value)");
-    const std::string key = toml::trim(s.substr(0, eq)), value = toml::trim(s.substr(eq + 1));
-    if (!is_bare_key(key))
-      throw ConfigError(where + ": malformed line '" + s + "' (a key is letters, digits, _ and -)");
-    if (section.empty()) {  // name the section only when the key exists in one
-      const std::string guess = nearest_option(key), gkey = guess.substr(guess.find('.') + 1);
+    const std::string key = dotted_name(toml::trim(s.substr(0, eq))), value = toml::trim(s.substr(eq + 1));
+    if (key.empty())
+      throw ConfigError(where + ": malformed line '" + s + "' (a key is letters, digits, _ and -, or such names joined by dots)");
+    const std::string dotted = section.empty() ? key : section + "." + key;
+    if (split_dotted(dotted).first.empty()) {  // name the section only when the key exists in one
+      const std::string guess = nearest_option(key), gkey = split_dotted(guess).second;
       throw ConfigError(where + ": key '" + key + "' outside any [section]" +
-                        (gkey == key ? "; did you mean [" + guess.substr(0, guess.find('.')) + "] " + key + "?"
+                        (gkey == key ? "; did you mean [" + split_dotted(guess).first + "] " + key + "?"
                                      : " (a deck starts with a [section] header)"));
     }
-    const std::string dotted = section + "." + key;
     const Option* o = find_option(dotted);
     if (!o) {
       const std::string guess = nearest_option(dotted);
-      const std::string gsec = guess.substr(0, guess.find('.')), gkey = guess.substr(guess.find('.') + 1);
+      const auto [gsec, gkey] = split_dotted(guess);
       fail(where, dotted,
-           "unknown key; did you mean '" + gkey + "'" + (gsec == section ? "" : " in [" + gsec + "]") + "?");
+           "unknown key; did you mean '" + gkey + "'" + (gsec == split_dotted(dotted).first ? "" : " in [" + gsec + "]") +
+               "?");
     }
     if (const auto [it, fresh] = out.lines.emplace(dotted, n); !fresh)
       fail(where, dotted, "duplicate key (first set on line " + std::to_string(it->second) + ")");
     if (value.empty()) fail(where, dotted, "missing value (expected key = value)");
     try {
-      out.normalized += key + "=" + po_safe(*o, parse_option_value(*o, value, ValueSyntax::kDeck)) + "\n";
+      out.normalized += dotted + "=" + po_safe(*o, parse_option_value(*o, value, ValueSyntax::kDeck)) + "\n";
     } catch (const OptionValueError& e) {
       fail(where, dotted, e.what());
     }
@@ -190,7 +209,12 @@ std::string read_deck(const std::string& path) {
 }  // namespace
 
 JobConfig load_job_config(const std::string& deck_path, const std::vector<std::string>& overrides) {
-  const Scanned scanned = scan_deck(deck_path, read_deck(deck_path));
+  return load_job_config_text(read_deck(deck_path), deck_path, overrides);
+}
+
+JobConfig load_job_config_text(const std::string& text, const std::string& deck_path,
+                               const std::vector<std::string>& overrides) {
+  const Scanned scanned = scan_deck(deck_path, text);
   const po::options_description desc = registry_description();
 
   po::variables_map deck_vm, cli_vm;
@@ -210,6 +234,7 @@ JobConfig load_job_config(const std::string& deck_path, const std::vector<std::s
 
   JobConfig cfg;
   cfg.deck_path = deck_path;
+  std::vector<std::pair<int, std::string>> set_keys;  // {deck line, or after every line for the command line, key}
   for (const Option& o : option_registry()) {
     const std::string name = o.dotted();
     const bool from_cli = cli_vm.count(name) > 0;
@@ -222,7 +247,12 @@ JobConfig load_job_config(const std::string& deck_path, const std::vector<std::s
       fail(where, name, e.what());
     }
     cfg.origins.emplace_back(name, where);
+    set_keys.emplace_back(from_cli ? std::numeric_limits<int>::max() : scanned.lines.at(name), name);
   }
+  std::stable_sort(set_keys.begin(), set_keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> order;
+  for (const auto& [line, name] : set_keys) order.push_back(name);
+  apply_torchtitan_keys(cfg, order);
   return cfg;
 }
 
@@ -233,11 +263,12 @@ std::string resolved_deck_toml(const JobConfig& cfg) {
       << " and the command-line overrides.\n# Re-run with: meshtrain train --deck <this file>\n";
   std::string section;
   for (const Option& o : option_registry()) {
+    const std::string v = o.get(cfg);
+    if (o.torchtitan_only && v.empty()) continue;  // only the TorchTitan keys the run set
     if (o.section != section) {
       section = o.section;
       out << "\n[" << section << "]\n";
     }
-    const std::string v = o.get(cfg);
     if (v.empty()) out << "# " << o.key << " = " << o.default_text << "\n";  // unset optional
     else out << o.key << " = " << v << "\n";
   }

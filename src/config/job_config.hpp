@@ -4,6 +4,7 @@
 /// with little change. The option registry (option_registry.hpp) is the single source of truth
 /// for keys, types, defaults and ranges; this struct is what the rest of meshtrain reads.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,8 +16,9 @@ namespace meshtrain {
 /// [job]
 struct JobSection {
   std::string dump_folder;   ///< run output folder; "" means checkpoint/<deck name>/
-  std::string description;   ///< free text, copied into metrics and /meta
+  std::string description;   ///< free text; kept in deck.resolved.toml and every checkpoint's /meta deck
   bool final_dump = true;    ///< write model_final.h5 (unsharded f32 weights) at the end of the run
+  bool print_config = false; ///< log the resolved deck at start (TorchTitan's key)
 };
 
 /// [model]: name + flavor select a published shape; the other keys override single fields
@@ -24,6 +26,9 @@ struct JobSection {
 struct ModelSection {
   std::string name = "llama3";      ///< llama3 | qwen3
   std::string flavor = "debugmodel";
+  /// Folder of Hugging Face assets (tokenizer.model / tokenizer.json, ...): read by `meshtrain
+  /// data prepare --hf-assets-path`, its tokenizer files copied by `ckpt export`; "" = none.
+  std::string hf_assets_path;
   std::optional<int64_t> dim, n_layers, n_heads, n_kv_heads, vocab_size, multiple_of, head_dim,
       ffn_hidden_dim;
   std::optional<double> ffn_dim_multiplier, norm_eps, rope_theta;
@@ -117,6 +122,7 @@ struct DebugSection {
   /// the data-parallel reduction (-1 = never): tests the non-finite guard.
   int64_t inject_nonfinite_grad_step = -1;
   int64_t inject_nonfinite_grad_rank = 0;  ///< world rank that poisons its gradient
+  int64_t inject_nonfinite_grad_count = 1;  ///< consecutive steps poisoned, from inject_nonfinite_grad_step
 };
 
 /// [validation]
@@ -126,7 +132,7 @@ struct ValidationSection {
   int64_t steps = -1;   ///< global batches per validation; -1 = the whole validation split
 };
 
-/// [checkpoint]: keys reserved for the checkpoint issue; enable = true is rejected until then.
+/// [checkpoint]: sharded HDF5 checkpoints, resume and elastic restart (doc/checkpoint-format.md).
 struct CheckpointSection {
   bool enable = false;
   std::string folder = "checkpoints";
@@ -180,6 +186,17 @@ struct JobConfig {
   ProfilingSection profiling;
   DebugSection debug;
 
+  /// Values of the TorchTitan keys that have no meshtrain field ("section.key" -> value as TOML),
+  /// as set by the deck or the command line (option_registry.hpp, Option::torchtitan_only).
+  std::map<std::string, std::string> torchtitan;
+  /// One line per key that is accepted but has no effect here, in deck order:
+  /// `FILE:LINE: [section] key: why`. `meshtrain train` and `deck check` print them once.
+  std::vector<std::string> notices;
+  /// One line per key whose value meshtrain cannot honour (`not implemented yet`, or why the
+  /// value means nothing here), in deck order; validate() throws the first, validate_layout()
+  /// does not look at them.
+  std::vector<std::string> refusals;
+
   std::string deck_path;  ///< the deck file as given ("" when built in code)
   /// "section.key" -> "FILE:LINE" (deck) or "command line" (override), for error messages.
   std::vector<std::pair<std::string, std::string>> origins;
@@ -195,7 +212,8 @@ struct JobConfig {
   /// dp_replicate × dp_shard × cp × tp × pp == world_size (dp_shard = -1 fills),
   /// n_heads % tp, n_kv_heads % tp, n_heads % n_kv_heads, seq_len % (2·cp) when cp > 1,
   /// global_batch % (local_batch × dp), num_experts % ep, MoE requires pp = 1; degrees and
-  /// options not implemented yet are rejected with "not implemented yet".
+  /// options not implemented yet are rejected with "not implemented yet", and so is the first of
+  /// `refusals` (TorchTitan keys, doc/torchtitan-compat.md).
   /// @throws ConfigError `FILE:LINE: [section] key: what is wrong (rule)`.
   ParallelDims validate(int64_t world_size) const;
   /// The arithmetic and model-compatibility rules of validate() only (no "not implemented yet"

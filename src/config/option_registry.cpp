@@ -5,6 +5,7 @@
 
 #include "config/option_table.hpp"
 #include "config/toml_value.hpp"
+#include "config/torchtitan_keys.hpp"
 
 namespace meshtrain {
 
@@ -19,16 +20,17 @@ const char* option_type_name(OptionType t) {
 }
 
 std::string Option::type_name() const {
-  return array ? std::string("array of ") + option_type_name(type) : option_type_name(type);
+  if (!array) return option_type_name(type);
+  const std::string t = std::string("array of ") + (nested ? "array of " : "") + option_type_name(type);
+  return scalar_too ? t + " or " + option_type_name(type) : t;
 }
 
 std::string Option::check(const OptionValue& v) const {
   if (array) {
-    for (const OptionValue& item : v.items) {
-      Option scalar = *this;
-      scalar.array = false;
-      if (std::string r = scalar.check(item); !r.empty()) return r;
-    }
+    Option inner = *this;  // a nested option's items are flat arrays, a flat one's are scalars
+    (nested ? inner.nested : inner.array) = false;
+    for (const OptionValue& item : v.items)
+      if (std::string r = inner.check(item); !r.empty()) return r;
     return "";
   }
   if (type == OptionType::kString) {
@@ -96,16 +98,21 @@ OptionValue parse_option_value(const Option& o, const std::string& raw_in, Value
   OptionValue v;
   if (o.array) {
     std::vector<std::string> items;
+    const bool bracketed = !raw.empty() && raw.front() == '[';
     try {
-      if (!raw.empty() && raw.front() == '[') items = toml::split_array(raw);
-      else if (syntax == ValueSyntax::kCommandLine) items = split_bare_list(raw);
+      if (bracketed) items = toml::split_array(raw, o.nested);
+      else if (o.scalar_too && toml::looks_like_string(raw)) items = {raw};  // `fqns = "experts"`
+      else if (syntax == ValueSyntax::kCommandLine && !o.nested) items = split_bare_list(raw);
       else throw OptionValueError("expected " + o.type_name() + ", got " + (raw.empty() ? "nothing" : raw) + " (arrays are [a, b])");
     } catch (const OptionValueError&) {
       throw;
     } catch (const std::invalid_argument& e) {
       throw OptionValueError(e.what());
     }
-    for (const std::string& item : items) v.items.push_back(parse_scalar(o, item, syntax));
+    Option inner = o;
+    inner.nested = false;
+    for (const std::string& item : items)
+      v.items.push_back(o.nested ? parse_option_value(inner, item, ValueSyntax::kDeck) : parse_scalar(o, item, syntax));
     v.text = raw;
   } else {
     if (!raw.empty() && raw.front() == '[')
@@ -114,14 +121,46 @@ OptionValue parse_option_value(const Option& o, const std::string& raw_in, Value
   }
   if (const std::string rule = o.check(v); !rule.empty()) {
     const bool choice = o.type == OptionType::kString;
-    throw OptionValueError("value " + (choice && !toml::looks_like_string(raw) ? toml::quote(v.text) : raw) +
+    throw OptionValueError("value " + (choice && !o.array && !toml::looks_like_string(raw) ? toml::quote(v.text) : raw) +
                            (choice ? " is not allowed (" : " is out of range (") + rule + ")");
   }
   return v;
 }
 
+std::string option_value_toml(const Option& o, const OptionValue& v) {
+  if (o.array) {
+    Option inner = o;
+    (o.nested ? inner.nested : inner.array) = false;
+    std::string out = "[";
+    for (size_t i = 0; i < v.items.size(); ++i) out += (i ? ", " : "") + option_value_toml(inner, v.items[i]);
+    return out + "]";
+  }
+  switch (o.type) {
+    case OptionType::kString: return toml::quote(v.text);
+    case OptionType::kInt: return std::to_string(v.i);
+    case OptionType::kFloat: return toml::format_float(v.f);
+    case OptionType::kBool: return v.b ? "true" : "false";
+  }
+  return v.text;
+}
+
+std::pair<std::string, std::string> split_dotted(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  if (dot == std::string::npos) return {"", dotted};
+  return {dotted.substr(0, dot), dotted.substr(dot + 1)};
+}
+
+std::string key_label(const std::string& dotted) {
+  const auto [section, key] = split_dotted(dotted);
+  return section.empty() ? key + ": " : "[" + section + "] " + key + ": ";
+}
+
 const std::vector<Option>& option_registry() {
-  static const std::vector<Option> r = build_option_table();
+  static const std::vector<Option> r = [] {
+    std::vector<Option> o = build_option_table();
+    add_torchtitan_keys(o);
+    return o;
+  }();
   return r;
 }
 
@@ -162,9 +201,7 @@ std::pair<int, size_t> suggestion_cost(const std::string& typed, const std::stri
 }  // namespace
 
 std::string nearest_option(const std::string& dotted) {
-  const size_t dot = dotted.find('.');
-  const std::string section = dot == std::string::npos ? "" : dotted.substr(0, dot);
-  const std::string key = dot == std::string::npos ? dotted : dotted.substr(dot + 1);
+  const auto [section, key] = split_dotted(dotted);
   // A known key in the wrong section is the likeliest slip (e.g. lr under [training]).
   for (const Option& o : option_registry())
     if (o.key == key) return o.dotted();

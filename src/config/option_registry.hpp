@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/job_config.hpp"
@@ -30,6 +31,19 @@ struct OptionValue {
   double f = 0;
   bool b = false;
   std::vector<OptionValue> items;  ///< array options only
+};
+
+/// What meshtrain does with the value of a key TorchTitan also has (doc/torchtitan-compat.md).
+enum class Outcome {
+  kHonoured,  ///< meshtrain does what the key asks
+  kNotice,    ///< accepted; one notice line says why it has no effect here
+  kRefused,   ///< `meshtrain train` and `deck check` stop with this one-line reason
+};
+
+/// The outcome of one value of one key, with its reason (empty when honoured).
+struct Verdict {
+  Outcome outcome = Outcome::kHonoured;
+  std::string why;  ///< "meshtrain's kernels are always fused (no torch.compile)", ...
 };
 
 /// A bad value: what() is "what is wrong (rule)", without the key's location (the caller
@@ -58,14 +72,37 @@ struct Option {
   /// The field's current value as TOML text; "" when an optional field is unset. Throws nothing.
   std::function<std::string(const JobConfig&)> get;
 
-  /// "section.key". Throws nothing.
+  /// Array of arrays (TorchTitan's list[list[str]]): each item is itself a flat array of `type`.
+  bool nested = false;
+  /// An array that also takes one bare string in a deck (TorchTitan's `list[str] | str`).
+  bool scalar_too = false;
+
+  /// TorchTitan v0.2.2's default of this key as TOML ("None" for its unset optionals); "" when
+  /// TorchTitan has no such key (a meshtrain-only key).
+  std::string torchtitan_default;
+  /// A TorchTitan key with no meshtrain field: its value is kept in JobConfig::torchtitan (for
+  /// its verdict and deck.resolved.toml) and nothing else reads it.
+  bool torchtitan_only = false;
+  /// The compat table's outcome column: what meshtrain does with each value of the key.
+  std::string torchtitan_outcome;
+  /// The outcome of one value (nullptr: always honoured). load_job_config() applies it to the
+  /// value each key ends up with; notices land in JobConfig::notices, refusals in
+  /// JobConfig::refusals (thrown by validate()).
+  std::function<Verdict(const OptionValue&)> verdict;
+
+  /// "section.key"; a section may itself be dotted ("quantize.linear.float8"). Throws nothing.
   std::string dotted() const { return section + "." + key; }
-  /// "integer", or "array of integer" for arrays. Throws nothing.
+  /// "integer", "array of integer", "array of array of string" or "array of string or string".
+  /// Throws nothing.
   std::string type_name() const;
   /// "" when `v` (each item, for arrays) satisfies the range, choices and rule; else the rule
   /// broken, e.g. "must be > 0". Throws nothing.
   std::string check(const OptionValue& v) const;
 };
+
+/// `v` (a value of `o`) as TOML text that parse_option_value(o, ..., kDeck) reads back: strings
+/// quoted, arrays bracketed. Throws nothing.
+std::string option_value_toml(const Option& o, const OptionValue& v);
 
 /// Parses `raw` (blanks around it ignored) as a value of option `o` and checks its range.
 /// @throws OptionValueError "expected integer, got abc", "value 0 is out of range (must be > 0)",
@@ -76,6 +113,11 @@ OptionValue parse_option_value(const Option& o, const std::string& raw, ValueSyn
 const std::vector<Option>& option_registry();
 /// The option named "section.key", or nullptr. Throws nothing.
 const Option* find_option(const std::string& dotted);
+/// Splits "section.key" at its last dot (sections may contain dots, keys do not) into
+/// {"section", "key"}; {"", dotted} when there is no dot. Throws nothing.
+std::pair<std::string, std::string> split_dotted(const std::string& dotted);
+/// "[section] key: " for "section.key" (the prefix of every message about a key). Throws nothing.
+std::string key_label(const std::string& dotted);
 /// The registered "section.key" a user most likely meant by the unknown `dotted`: the same key
 /// in another section if there is one, else the nearest key of the same section by edit
 /// distance, else the nearest "section.key" overall. Throws nothing.

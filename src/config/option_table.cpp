@@ -1,6 +1,7 @@
 // The registry's entries: every field of every JobConfig section, in reference order. Key names,
 // defaults and meanings follow TorchTitan's job config (torchtitan/config/job_config.py) where it
 // has the key; the ranges are what the code below `config/` relies on.
+#include <algorithm>
 #include <type_traits>
 
 #include "config/option_table.hpp"
@@ -149,16 +150,28 @@ std::vector<Option> build_option_table() {
     s.str("dump_folder", &JobSection::dump_folder,
           "run output folder (metrics.jsonl, deck.resolved.toml, checkpoints); \"\" = checkpoint/<deck file stem>/", {},
           "path");
-    s.str("description", &JobSection::description, "free text describing the run, copied into the run's metadata");
+    s.str("description", &JobSection::description, "free text describing the run; kept in deck.resolved.toml and in every checkpoint's /meta deck");
     s.boolean("final_dump", &JobSection::final_dump,
-              "write model_final.h5 (every parameter unsharded, float32) when the run ends; benchmarks turn it off");
+              "write model_final.h5 (a model-only checkpoint: every parameter, float32, written by the sharded writer) when the run ends; benchmarks turn it off");
+    s.boolean("print_config", &JobSection::print_config,
+              "rank 0 prints the resolved deck at start (`meshtrain train`, `meshtrain deck check`)");
   }
   {
     Section<ModelSection> s{o, "model", &JobConfig::model};
-    s.str("name", &ModelSection::name, "model family", {"llama3", "qwen3"});
+    // Free text checked by a rule rather than choices, so that TorchTitan's other models reach
+    // JobConfig::model_args() and get "not implemented yet" instead of "not allowed".
+    s.str("name", &ModelSection::name, "model family", {}, "llama3 | qwen3").rule = [](const OptionValue& v) {
+      static const std::vector<std::string> known = {"llama3", "qwen3", "deepseek_v3", "llama4",
+                                                     "gpt_oss", "flux",  "llama3_ft",   "vlm"};
+      return std::find(known.begin(), known.end(), v.text) != known.end() ? "" : std::string("must be one of llama3 | qwen3");
+    };
     s.str("flavor", &ModelSection::flavor,
           "published shape of the family (`meshtrain model list`); the [model] keys below override single fields", {},
           "a flavor of name");
+    s.str("hf_assets_path", &ModelSection::hf_assets_path,
+          "folder of Hugging Face assets: `meshtrain data prepare --hf-assets-path` reads its tokenizer.model, "
+          "`meshtrain ckpt export` copies its tokenizer files; training does not read it; \"\" = none",
+          {}, "path");
     const char* F = "(flavor)";
     s.optional("dim", &ModelSection::dim, "model width D", F, 1);
     s.optional("n_layers", &ModelSection::n_layers, "number of transformer blocks", F, 1);
@@ -186,7 +199,9 @@ std::vector<Option> build_option_table() {
   }
   {
     Section<OptimizerSection> s{o, "optimizer", &JobConfig::optimizer};
-    s.str("name", &OptimizerSection::name, "optimizer (decoupled weight decay, Loshchilov & Hutter 2019)", {"AdamW"});
+    s.str("name", &OptimizerSection::name,
+          "optimizer: AdamW (decoupled weight decay, Loshchilov & Hutter 2019); \"Adam\" is not implemented yet",
+          {"AdamW", "Adam"});
     s.real("lr", &OptimizerSection::lr, "peak learning rate", 0.0, true);
     s.real("beta1", &OptimizerSection::beta1, "AdamW first-moment decay", 0.0, false, 1.0, true);
     s.real("beta2", &OptimizerSection::beta2, "AdamW second-moment decay", 0.0, false, 1.0, true);
@@ -260,8 +275,9 @@ std::vector<Option> build_option_table() {
   }
   {
     Section<ActivationCheckpointSection> s{o, "activation_checkpoint", &JobConfig::activation_checkpoint};
-    s.str("mode", &ActivationCheckpointSection::mode, "activation checkpointing (recompute in backward)",
-          {"none", "selective", "full"});
+    s.str("mode", &ActivationCheckpointSection::mode,
+          "activation checkpointing (recompute in backward); \"memory_budget\" is not implemented yet",
+          {"none", "selective", "full", "memory_budget"});
     s.str("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
           "mode = selective: \"N\" recomputes every N-th block; \"op\" (per operator) is not implemented yet", {},
           "positive integer N | op")
@@ -333,6 +349,8 @@ std::vector<Option> build_option_table() {
               "fault injection: make this step's gradient NaN on one rank (-1 = never)", 1, {}, {-1});
     s.integer("inject_nonfinite_grad_rank", &DebugSection::inject_nonfinite_grad_rank,
               "fault injection: the world rank whose gradient is made NaN", 0);
+    s.integer("inject_nonfinite_grad_count", &DebugSection::inject_nonfinite_grad_count,
+              "fault injection: consecutive steps poisoned, from inject_nonfinite_grad_step", 1);
   }
   return o;
 }

@@ -212,12 +212,13 @@ std::string format_float(double v) {
   return s;
 }
 
-std::vector<std::string> split_array(const std::string& text) {
+std::vector<std::string> split_array(const std::string& text, bool allow_nested) {
   const std::string t = trim(text);
   if (t.size() < 2 || t.front() != '[' || t.back() != ']')
     throw std::invalid_argument("malformed array " + t + " (flat arrays are [a, b] on one line)");
   std::vector<std::string> items;
   std::string cur;
+  int depth = 0;  // brackets open inside the outer array (allow_nested only)
   const std::string body = t.substr(1, t.size() - 2);
   for (size_t i = 0; i < body.size();) {
     const char c = body[i];
@@ -228,8 +229,13 @@ std::vector<std::string> split_array(const std::string& text) {
       i = end;
       continue;
     }
-    if (c == '[' || c == ']') throw std::invalid_argument("nested array in " + t + " (only flat arrays are allowed)");
-    if (c == ',') {
+    if ((c == '[' || c == ']') && !allow_nested)
+      throw std::invalid_argument("nested array in " + t + " (only flat arrays are allowed)");
+    if (c == '[' || c == ']') {
+      depth += c == '[' ? 1 : -1;
+      if (depth < 0 || depth > 1) throw std::invalid_argument("malformed array " + t + " (arrays nest one level deep)");
+      cur += c;
+    } else if (c == ',' && depth == 0) {
       if (trim(cur).empty()) throw std::invalid_argument("empty item in array " + t);
       items.push_back(trim(cur));
       cur.clear();
@@ -238,6 +244,7 @@ std::vector<std::string> split_array(const std::string& text) {
     }
     ++i;
   }
+  if (depth != 0) throw std::invalid_argument("malformed array " + t + " (unbalanced brackets)");
   if (!trim(cur).empty()) items.push_back(trim(cur));  // else empty array or a trailing comma
   return items;
 }

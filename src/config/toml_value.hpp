@@ -45,10 +45,11 @@ std::optional<bool> parse_bool(const std::string& text);
 /// `.` or an exponent so it stays a TOML float: "0.0008", "1e-08", "1.0". Throws nothing.
 std::string format_float(double v);
 
-/// The raw items of a one-line flat array `[a, b, "c, d"]` (blanks trimmed, strings still
-/// quoted, a trailing comma allowed; `[]` gives no items).
-/// @throws std::invalid_argument for a missing bracket, a nested array, an empty item or an
-///         unterminated string.
-std::vector<std::string> split_array(const std::string& text);
+/// The raw items of a one-line array `[a, b, "c, d"]` (blanks trimmed, strings still quoted, a
+/// trailing comma allowed; `[]` gives no items). With `allow_nested`, an item may itself be an
+/// array `[x, y]` (returned with its brackets, for TorchTitan's list[list[str]]).
+/// @throws std::invalid_argument for a missing bracket, a nested array (unless allowed), an
+///         unbalanced bracket, an empty item or an unterminated string.
+std::vector<std::string> split_array(const std::string& text, bool allow_nested = false);
 
 }  // namespace meshtrain::toml

@@ -72,9 +72,13 @@ BOOST_AUTO_TEST_CASE(toml_arrays) {
 // ---- registry ------------------------------------------------------------------------------
 
 BOOST_AUTO_TEST_CASE(registry_sections_and_defaults) {
-  BOOST_TEST((option_sections() == std::vector<std::string>{"job", "model", "optimizer", "lr_scheduler", "training",
-                                                            "parallelism", "activation_checkpoint", "metrics",
-                                                            "validation", "checkpoint", "topology", "comm"}));
+  BOOST_TEST((option_sections() ==
+              std::vector<std::string>{"job", "model", "optimizer", "lr_scheduler", "training", "training.dataloader",
+                                       "parallelism", "activation_checkpoint", "compile", "quantize.linear.float8",
+                                       "quantize.linear.mx", "quantize.grouped_mm.float8", "quantize.grouped_mm.mx",
+                                       "metrics", "profiling", "validation", "validation.dataloader", "checkpoint",
+                                       "topology", "comm", "memory_estimation", "fault_tolerance", "experimental",
+                                       "debug"}));
   const JobConfig defaults;
   std::set<std::string> names;
   for (const Option& o : option_registry()) {
@@ -84,7 +88,13 @@ BOOST_AUTO_TEST_CASE(registry_sections_and_defaults) {
       BOOST_TEST(!o.allowed.empty());
       BOOST_TEST(find_option(o.dotted()) == &o);
       const std::string now = o.get(defaults);
-      if (now.empty()) {  // an optional field, unset by default
+      if (o.torchtitan_only) {  // no meshtrain field: unset until a deck sets it; shows TorchTitan's default
+        BOOST_TEST(now.empty());
+        BOOST_TEST((o.default_text == o.torchtitan_default ||
+                    (o.default_text == "(unset)" && o.torchtitan_default == "None")));
+        if (o.default_text != "(unset)" && o.torchtitan_default != "(not in v0.2.2)")
+          BOOST_TEST(o.check(parse_option_value(o, o.default_text, ValueSyntax::kDeck)).empty());
+      } else if (now.empty()) {  // an optional field, unset by default
         BOOST_TEST((o.default_text == (o.section == "model" ? "(flavor)" : "(unset)")));
       } else {
         BOOST_TEST(now == o.default_text);  // the reference shows the struct's real default
@@ -108,14 +118,14 @@ BOOST_AUTO_TEST_CASE(every_key_is_bound_to_its_own_field) {
   };
   const auto base_lines = lines(base);
   for (const Option& o : option_registry()) {
-    if (o.choices.size() == 1) continue;  // optimizer.name: nothing else to set
+    if (o.choices.size() == 1 || o.torchtitan_only) continue;  // TorchTitan-only keys: torchtitan_keys_are_kept
     std::string value;
     if (o.type == OptionType::kBool) {
       value = o.get(JobConfig{}) == "true" ? "false" : "true";
     } else if (!o.choices.empty()) {
       value = o.choices.size() > 1 && toml::quote(o.choices[0]) == o.default_text ? o.choices[1] : o.choices[0];
     } else {
-      for (const char* candidate : {"3", "7", "2", "0.5", "0", "x"}) {
+      for (const char* candidate : {"3", "7", "2", "0.5", "0", "x", "qwen3"}) {
         try {
           const std::string t = o.type == OptionType::kString ? toml::quote(candidate) : candidate;
           parse_option_value(o, t, ValueSyntax::kDeck);

@@ -1,0 +1,180 @@
+// The TorchTitan pass of load_job_config(): the TorchTitan keys that stand for a meshtrain field
+// under another name, each set key's verdict, and the outcomes that depend on two keys.
+#include <algorithm>
+#include <filesystem>
+
+#include "config/toml_value.hpp"
+#include "config/torchtitan_keys.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+class Pass {
+ public:
+  Pass(JobConfig& cfg, const std::vector<std::string>& set_keys) : cfg_(cfg), set_keys_(set_keys) {}
+
+  bool is_set(const std::string& dotted) const {
+    return std::find(set_keys_.begin(), set_keys_.end(), dotted) != set_keys_.end();
+  }
+  bool from_command_line(const std::string& dotted) const { return cfg_.origin_of(dotted) == "command line"; }
+
+  /// The value of a set key, parsed again from the field (or JobConfig::torchtitan) it went to.
+  OptionValue value(const std::string& dotted) const {
+    const Option& o = *find_option(dotted);
+    return parse_option_value(o, o.get(cfg_), ValueSyntax::kDeck);
+  }
+
+  void add(const std::string& dotted, const Verdict& v) {
+    if (v.outcome == Outcome::kHonoured) return;
+    const auto at = size_t(std::find(set_keys_.begin(), set_keys_.end(), dotted) - set_keys_.begin());
+    const std::string line = cfg_.origin_of(dotted) + ": " + key_label(dotted) + v.why;
+    (v.outcome == Outcome::kNotice ? notices_ : refusals_).emplace_back(at, line);
+  }
+
+  /// Lines in set-key order (a stable sort keeps a key's own lines in the order they were added).
+  void finish() {
+    for (auto* list : {&notices_, &refusals_}) {
+      std::stable_sort(list->begin(), list->end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      for (const auto& entry : *list) (list == &notices_ ? cfg_.notices : cfg_.refusals).push_back(entry.second);
+    }
+  }
+
+  JobConfig& cfg() { return cfg_; }
+
+ private:
+  JobConfig& cfg_;
+  const std::vector<std::string>& set_keys_;
+  std::vector<std::pair<size_t, std::string>> notices_, refusals_;
+};
+
+// [training] dataset_path is TorchTitan's token-store path; meshtrain's is [training] dataset.
+void apply_dataset_path(Pass& p) {
+  if (!p.is_set("training.dataset_path")) return;
+  const std::string path = p.value("training.dataset_path").text;
+  if (p.is_set("training.dataset") && p.from_command_line("training.dataset") &&
+      !p.from_command_line("training.dataset_path")) {
+    p.add("training.dataset_path", {Outcome::kNotice, "overridden by --training.dataset on the command line"});
+    return;
+  }
+  if (p.is_set("training.dataset") && p.cfg().training.dataset != path)
+    p.add("training.dataset", {Outcome::kNotice, "\"" + p.cfg().training.dataset +
+                                                     "\" is only a name here: the token store is [training] "
+                                                     "dataset_path \"" + path + "\""});
+  p.cfg().training.dataset = path;
+}
+
+// A TorchTitan dataset name is downloaded by TorchTitan; meshtrain reads a prepared token store.
+void check_dataset_name(Pass& p) {
+  const std::string& d = p.cfg().training.dataset;
+  std::error_code ec;
+  if (!is_torchtitan_dataset_name(d) || std::filesystem::exists(d, ec)) return;
+  p.add(p.is_set("training.dataset") ? "training.dataset" : "training.dataset_path",
+        {Outcome::kRefused,
+         "\"" + d + "\" is a Hugging Face dataset name (TorchTitan downloads it); meshtrain trains from a "
+         "pre-tokenized token store: prepare one with `meshtrain data prepare --input TEXT... --output FILE.h5` and "
+         "pass its path (dataset_path = \"FILE.h5\" in the deck, or --training.dataset=FILE.h5)"});
+}
+
+// [debug] seed is TorchTitan's name for the seed meshtrain keeps in [training] seed.
+void apply_debug_seed(Pass& p) {
+  if (!p.is_set("debug.seed")) return;
+  const int64_t seed = p.value("debug.seed").i;
+  if (p.is_set("training.seed") && p.cfg().training.seed != seed) {
+    const bool cli_seed = p.from_command_line("training.seed"), cli_debug = p.from_command_line("debug.seed");
+    if (cli_seed && !cli_debug) {
+      p.add("debug.seed", {Outcome::kNotice, "overridden by --training.seed on the command line"});
+      return;
+    }
+    if (cli_debug == cli_seed) {
+      p.add("debug.seed", {Outcome::kRefused, std::to_string(seed) + " conflicts with [training] seed = " +
+                                                  std::to_string(p.cfg().training.seed) + " (" +
+                                                  p.cfg().origin_of("training.seed") + "); set one of them"});
+      return;
+    }
+  }
+  p.cfg().training.seed = seed;
+}
+
+// [model] tokenizer_path, TorchTitan's deprecated hf_assets_path (a tokenizer file or folder);
+// then a missing assets folder: training does not need it, data prepare and export do.
+void apply_hf_assets(Pass& p) {
+  std::string key = p.is_set("model.hf_assets_path") ? "model.hf_assets_path" : "";
+  if (p.is_set("model.tokenizer_path")) {
+    if (!key.empty()) {
+      p.add("model.tokenizer_path",
+            {Outcome::kNotice, "TorchTitan's deprecated name of hf_assets_path; [model] hf_assets_path is used"});
+    } else {
+      std::filesystem::path t = p.value("model.tokenizer_path").text;
+      std::error_code ec;
+      p.cfg().model.hf_assets_path = std::filesystem::is_regular_file(t, ec) ? t.parent_path().string() : t.string();
+      key = "model.tokenizer_path";
+    }
+  }
+  std::error_code ec;
+  const std::string& dir = p.cfg().model.hf_assets_path;
+  if (!key.empty() && !dir.empty() && !std::filesystem::is_directory(dir, ec))
+    p.add(key, {Outcome::kNotice, "\"" + dir + "\" is not a folder here; training reads the pre-tokenized token store "
+                                  "([training] dataset), so the folder is only used by `meshtrain data prepare "
+                                  "--hf-assets-path` and `meshtrain ckpt export`"});
+}
+
+void check_total_steps(Pass& p) {
+  if (!p.is_set("lr_scheduler.total_steps")) return;
+  const int64_t total = p.value("lr_scheduler.total_steps").i, steps = p.cfg().training.steps;
+  if (total != steps)
+    p.add("lr_scheduler.total_steps",
+          {Outcome::kRefused, std::to_string(total) + " differs from [training] steps = " + std::to_string(steps) +
+                                  ": a schedule longer or shorter than the run is not implemented yet (the schedule "
+                                  "spans [training] steps)"});
+}
+
+void check_export_dtype(Pass& p) {
+  if (!p.is_set("checkpoint.export_dtype")) return;
+  const std::string dtype = p.value("checkpoint.export_dtype").text;
+  if (dtype == "float32") return;
+  if (p.cfg().checkpoint.last_save_model_only)
+    p.add("checkpoint.export_dtype",
+          {Outcome::kRefused, dtype + " export is not implemented yet (checkpoints and `meshtrain ckpt export` hold "
+                                      "float32)"});
+  else
+    p.add("checkpoint.export_dtype",
+          {Outcome::kNotice, "applies only when last_save_model_only = true (TorchTitan converts only a model-only "
+                             "last save); meshtrain saves float32"});
+}
+
+// Validation runs at the training micro-batch shape.
+void check_validation_shape(Pass& p) {
+  const std::pair<const char*, int64_t> rules[] = {{"local_batch_size", p.cfg().training.local_batch_size},
+                                                   {"seq_len", p.cfg().training.seq_len}};
+  for (const auto& [key, training_value] : rules) {
+    const std::string dotted = std::string("validation.") + key;
+    if (!p.is_set(dotted)) continue;
+    const int64_t v = p.value(dotted).i;
+    if (v != training_value)
+      p.add(dotted, {Outcome::kRefused, std::to_string(v) + " differs from [training] " + key + " = " +
+                                            std::to_string(training_value) +
+                                            ": validation at another shape is not implemented yet (it runs at the "
+                                            "training micro-batch shape)"});
+  }
+}
+
+}  // namespace
+
+void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_keys) {
+  Pass p(cfg, set_keys);
+  apply_dataset_path(p);
+  apply_debug_seed(p);
+  apply_hf_assets(p);
+  for (const std::string& dotted : set_keys) {
+    const Option* o = find_option(dotted);
+    if (o && o->verdict) p.add(dotted, o->verdict(p.value(dotted)));
+  }
+  check_dataset_name(p);
+  check_total_steps(p);
+  check_export_dtype(p);
+  check_validation_shape(p);
+  p.finish();
+}
+
+}  // namespace meshtrain
