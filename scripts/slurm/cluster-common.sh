@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the variables are used by the scripts that source it
 # Shared by start-cluster.sh and stop-cluster.sh (sourced, not run): where the single-node test
 # cluster keeps its files, and the helpers both scripts need. Everything lives under one folder
 # ($MESHTRAIN_SLURM_DIR, default /tmp/meshtrain-slurm) with its own ports and its own munged

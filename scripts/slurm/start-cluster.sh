@@ -25,6 +25,7 @@
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=cluster-common.sh
 . "$here/cluster-common.sh"
 
 state=""
@@ -180,8 +181,9 @@ fi
 mkdir -p "$cluster_dir"/{etc,spool/ctld,spool/d,log,run,gpu}
 chmod 755 "$cluster_dir"
 # munged wants its key private and its socket folder searchable by everyone.
-mkdir -p -m 700 "$cluster_dir/munge"
-mkdir -p -m 755 "$cluster_dir/munge-socket"
+mkdir -p "$cluster_dir/munge" "$cluster_dir/munge-socket"
+chmod 700 "$cluster_dir/munge"
+chmod 755 "$cluster_dir/munge-socket"
 [ -s "$cluster_dir/munge/munge.key" ] || mungekey --create --keyfile="$cluster_dir/munge/munge.key"
 cp "$new_conf" "$cluster_conf"
 cp "$new_conf.gres" "$cluster_dir/etc/gres.conf"

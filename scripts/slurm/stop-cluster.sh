@@ -10,6 +10,7 @@
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source-path=SCRIPTDIR source=cluster-common.sh
 . "$here/cluster-common.sh"
 export SLURM_CONF=$cluster_conf
 

@@ -47,6 +47,7 @@ def tasks(n):
 
 
 def read(path):
+    """The text of path, "" when it does not exist (a job that never started writes no output)."""
     return open(path).read() if os.path.exists(path) else ""
 
 
@@ -57,6 +58,7 @@ def summary(folder):
 
 
 def logged_steps(folder):
+    """Steps of the training records of folder/metrics.jsonl, in file order (a requeued run appends)."""
     return [json.loads(line)["step"] for line in read(os.path.join(folder, "metrics.jsonl")).splitlines()
             if "loss" in json.loads(line)]
 
@@ -75,6 +77,7 @@ class Scenario:
         self.data = os.path.abspath(args.data)
 
     def train_args(self, folder, *overrides, deck=DECK):
+        """The scripts' arguments: deck, then overrides for the tiny corpus, run folder and more."""
         return [deck, f"--training.dataset={self.data}", f"--job.dump_folder={folder}"] + list(overrides)
 
     def submit_cpu(self, name, n, args):
@@ -89,6 +92,7 @@ class Scenario:
 
 
 def cpu_reference(s):
+    """4 tasks, 3 steps through srun --mpi=pmix."""
     run = os.path.join(s.out, "run")
     job_id, output = s.submit_cpu("cpu_reference", 4, s.train_args(run, "--training.steps=3"))
     job = s.cluster.wait(job_id)
@@ -104,6 +108,7 @@ def cpu_reference(s):
 
 
 def preemption(s):
+    """USR1 to the job steps while training: save, exit 4, requeue, resume, bitwise equal."""
     steps = 300
     common = ["--checkpoint.enable=true", "--checkpoint.interval=100000", f"--training.steps={steps}",
               "--metrics.log_freq=1", "--validation.enable=false"]
@@ -138,6 +143,7 @@ def preemption(s):
 
 
 def elastic(s):
+    """Saved by 2 tasks, resumed by 3."""
     run = os.path.join(s.out, "run")
     # Global batch 12 of micro-batches of 1 divides over 2 and 3 data-parallel ranks.
     common = ["--checkpoint.enable=true", "--checkpoint.interval=100000", "--training.local_batch_size=1",
@@ -160,6 +166,7 @@ def elastic(s):
 
 
 def bad_deck(s):
+    """A misspelled key fails the job in the deck check, before srun."""
     deck = os.path.join(s.out, "misspelled.toml")
     with open(DECK) as f, open(deck, "w") as g:
         g.write(f.read().replace("\nsteps = ", "\nstpes = "))
@@ -186,6 +193,7 @@ def srun_tasks(log):
 
 
 def gpu_layout(s):
+    """The GPU scripts as written: layout / deck check, then meshtrain's device check stops the ranks."""
     # No --gpus override: the cluster's placeholder GPUs grant the scripts' own requests. A
     # corpus that does not exist keeps a machine with real GPUs from starting to train.
     missing = os.path.join(s.out, "no-such-corpus.h5")
