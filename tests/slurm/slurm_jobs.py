@@ -51,16 +51,20 @@ def read(path):
     return open(path).read() if os.path.exists(path) else ""
 
 
+def records(folder):
+    """The complete records of folder/metrics.jsonl, in file order (a requeued run appends); a
+    line the run is still writing (no newline yet) is left out."""
+    return [json.loads(line) for line in read(os.path.join(folder, "metrics.jsonl")).split("\n")[:-1]]
+
+
 def summary(folder):
-    """The run's `summary` record of metrics.jsonl ({} when there is none)."""
-    records = [json.loads(line) for line in read(os.path.join(folder, "metrics.jsonl")).splitlines()]
-    return next((r for r in reversed(records) if r.get("event") == "summary"), {})
+    """The run's last `summary` record ({} when there is none)."""
+    return next((r for r in reversed(records(folder)) if r.get("event") == "summary"), {})
 
 
 def logged_steps(folder):
-    """Steps of the training records of folder/metrics.jsonl, in file order (a requeued run appends)."""
-    return [json.loads(line)["step"] for line in read(os.path.join(folder, "metrics.jsonl")).splitlines()
-            if "loss" in json.loads(line)]
+    """Steps of the training records of folder/metrics.jsonl, in file order."""
+    return [r["step"] for r in records(folder) if "loss" in r]
 
 
 class Scenario:
