@@ -113,6 +113,23 @@ nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string&
   return c;
 }
 
+// Copies `from` into `tmp` (synced; renaming is the caller's).
+void copy_synced(const std::string& from, const std::string& tmp) {
+  std::FILE* in = std::fopen(from.c_str(), "rb");
+  if (!in) h5::fail(from, "cannot read the tokenizer file");
+  try {
+    write_synced(tmp, [&](std::FILE* out) {
+      char buf[1 << 16];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) write_all(out, buf, n, tmp);
+      if (std::ferror(in)) h5::fail(from, "read error");
+    });
+  } catch (...) {
+    std::fclose(in);
+    throw;
+  }
+  std::fclose(in);
+}
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -156,7 +173,25 @@ std::vector<float> permute_rope_rows(const std::vector<float>& src, int64_t rows
   return out;
 }
 
-ExportSummary export_safetensors(const std::string& path, const std::string& out_dir) {
+const std::vector<std::string>& hf_tokenizer_files() {
+  static const std::vector<std::string> names = {"tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                                                 "special_tokens_map.json", "generation_config.json"};
+  return names;
+}
+
+std::string checkpoint_deck(const std::string& path) {
+  h5::Handle file{-1, H5Fclose};
+  H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (file.id < 0) h5::fail(path, "cannot open as an HDF5 checkpoint (missing, truncated or not HDF5)");
+  h5::Handle g{-1, H5Gclose};
+  H5E_BEGIN_TRY { g.id = H5Gopen2(file.id, "/meta", H5P_DEFAULT); }
+  H5E_END_TRY;
+  if (g.id < 0) h5::fail(path, "not a meshtrain checkpoint (no /meta)");
+  return h5::read_string_attr(g.id, "deck", path);
+}
+
+ExportSummary export_safetensors(const std::string& path, const std::string& out_dir, const std::string& hf_assets_dir) {
   h5::Handle file{-1, H5Fclose};
   H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
   H5E_END_TRY;
@@ -257,15 +292,27 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
     }
   });
   const std::string cfg_text = config.dump(2) + "\n";
+  std::vector<std::string> written = {st_tmp};  // removed if a later file fails
   try {
     write_synced(cfg_tmp, [&](std::FILE* f) { write_all(f, cfg_text.data(), cfg_text.size(), cfg_tmp); });
+    written.push_back(cfg_tmp);
+    for (const std::string& name : hf_assets_dir.empty() ? std::vector<std::string>{} : hf_tokenizer_files()) {
+      const std::filesystem::path from = std::filesystem::path(hf_assets_dir) / name;
+      if (!std::filesystem::is_regular_file(from, ec)) continue;
+      const std::string tmp = (dir / name).string() + ".tmp";
+      copy_synced(from.string(), tmp);
+      written.push_back(tmp);
+      summary.tokenizer_files.push_back(name);
+    }
   } catch (...) {
-    std::remove(st_tmp.c_str());
+    for (const std::string& tmp : written) std::remove(tmp.c_str());
     throw;
   }
-  // Both files are complete and synced before either takes its final name.
+  // Every file is complete and synced before any takes its final name.
   rename_into_place(st_tmp, st_path);
   rename_into_place(cfg_tmp, cfg_path);
+  for (const std::string& name : summary.tokenizer_files)
+    rename_into_place((dir / name).string() + ".tmp", (dir / name).string());
   summary.tensors = int64_t(order.size());
   summary.bytes = int64_t(sizeof(uint64_t) + text.size() + offset);
   return summary;

@@ -27,15 +27,30 @@ struct ExportSummary {
   int64_t bytes = 0;          ///< size of model.safetensors (bytes)
   int64_t step = 0;           ///< the checkpoint's step
   std::string architecture;   ///< "LlamaForCausalLM" or "Qwen3ForCausalLM"
+  std::vector<std::string> tokenizer_files;  ///< file names copied from the assets folder
 };
+
+/// The Hugging Face tokenizer files an export copies from an assets folder when present
+/// (tokenizer.json, tokenizer.model, tokenizer_config.json, special_tokens_map.json,
+/// generation_config.json): what transformers' AutoTokenizer and generate() read next to the
+/// weights. Throws nothing.
+const std::vector<std::string>& hf_tokenizer_files();
+
+/// The resolved deck stored in checkpoint `path` (/meta attribute "deck"), as TOML text.
+/// @throws CheckpointError naming the file: not a checkpoint, no deck.
+std::string checkpoint_deck(const std::string& path);
 
 /// Writes `out_dir`/model.safetensors and `out_dir`/config.json from checkpoint `path` (serial, no
 /// MPI): every /model/<name> dataset under its Hugging Face name in float32, wq / wk (and q/k
-/// norms) permuted for Hugging Face's rotary layout, config.json from /meta/model_args. The
-/// checkpoint's checksums are verified first. Each file is written as NAME.tmp, synced and renamed,
-/// so a failure leaves no partial export under the final names. Creates `out_dir` if missing.
+/// norms) permuted for Hugging Face's rotary layout, config.json from /meta/model_args. With
+/// `hf_assets_dir` (a folder, "" = none), each of hf_tokenizer_files() it holds is copied too, so
+/// the export loads with its tokenizer. The checkpoint's checksums are verified first. Each file
+/// is written as NAME.tmp, synced and renamed once all are complete, so a failure leaves no
+/// partial export under the final names. Creates `out_dir` if missing.
 /// @throws CheckpointError naming the file: not a checkpoint, a failed checksum, a dataset that is
-/// not float32, a parameter with no Hugging Face counterpart, a write error.
-ExportSummary export_safetensors(const std::string& path, const std::string& out_dir);
+/// not float32, a parameter with no Hugging Face counterpart, an unreadable tokenizer file, a
+/// write error.
+ExportSummary export_safetensors(const std::string& path, const std::string& out_dir,
+                                 const std::string& hf_assets_dir = "");
 
 }  // namespace meshtrain
