@@ -41,7 +41,8 @@ JobConfig load_job_config_text(const std::string& text, const std::string& deck_
                                const std::vector<std::string>& overrides = {});
 
 /// Every registered key with the value `cfg` holds, as a deck that load_job_config() reads back
-/// to an equal JobConfig (unset optional keys are written as comments). The trainer writes it to
+/// to an equal JobConfig (unset optional keys are written as comments; TorchTitan-only keys only
+/// when the run set them, under their own tables). The trainer writes it to
 /// `<dump_folder>/deck.resolved.toml`. Throws nothing.
 std::string resolved_deck_toml(const JobConfig& cfg);
 

@@ -231,8 +231,8 @@ Table build_table() {
            honoured("deepseek_v3, llama4, gpt_oss (Mixture-of-Experts), flux, llama3_ft: refused, not implemented "
                     "yet"));
   t.shared("flavor", "\"debugmodel\"",
-           honoured("qwen3 debugmodel_moe / 30B-A3B / 235B-A22B (Mixture-of-Experts) and llama3 *_flex_attn / "
-                    "*_varlen_attn flavors: refused, not implemented yet"));
+           honoured("qwen3 debugmodel_moe / 30B-A3B / 235B-A22B (Mixture-of-Experts) and llama3 "
+                    "debugmodel_flex_attn / debugmodel_varlen_attn / 8B_flex / 8B_varlen: refused, not implemented yet"));
   t.shared("hf_assets_path", "\"./tests/assets/tokenizer\"",
            honoured("`meshtrain data prepare --hf-assets-path` reads its tokenizer.model and `ckpt export` copies its "
                     "tokenizer files next to model.safetensors; a folder that does not exist here: notice (training "
