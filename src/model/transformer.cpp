@@ -108,6 +108,12 @@ void Transformer::release_compute(size_t u) {
   unit_compute_[u] = Tensor();
 }
 
+std::vector<int64_t> Transformer::block_index() const {
+  std::vector<int64_t> b;
+  for (size_t u = 0; u < units_.size(); ++u) b.push_back(u == 0 || u + 1 == units_.size() ? -1 : int64_t(u - 1));
+  return b;
+}
+
 std::vector<Parameter*> Transformer::unit_parameters(size_t u) const {
   const auto [a, b] = unit_ranges_.at(u);
   return {params_.begin() + long(a), params_.begin() + long(b)};

@@ -45,6 +45,9 @@ class Transformer {
   const TensorParallel& tensor_parallel() const { return tp_; }
   /// Units in execution order (embedding, blocks, output head).
   const std::vector<Layer*>& units() const { return units_; }
+  /// Per unit, its transformer block number (layers.{i} → i) or −1 for the embedding and the
+  /// output head: the Executor's activation-checkpointing policy selects blocks by it.
+  std::vector<int64_t> block_index() const;
   /// Every parameter once (a tied output projection is the embedding's), in unit order.
   const std::vector<Parameter*>& parameters() const { return params_; }
   /// Parameters of unit u, a contiguous range of the flat buffers.

@@ -206,10 +206,7 @@ TrainSummary train(const JobConfig& cfg, const ParallelDims& dims, const TokenSt
     model.init_weights(uint64_t(cfg.training.seed));
     sync = std::make_unique<DataParallel>(model, dcomms.get(MeshDim::kDpReplicate), 25 << 20, reduce_dtype);
   }
-  std::vector<int64_t> block_index;
-  for (size_t u = 0; u < model.units().size(); ++u)
-    block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
-  Executor exec(model.units(), block_index,
+  Executor exec(model.units(), model.block_index(),
                 CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option));
   MixedPrecisionHooks hooks(model, sync.get());
   exec.set_hooks(&hooks);

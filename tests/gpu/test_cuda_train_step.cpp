@@ -36,10 +36,7 @@ StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std
                     int64_t t, CheckpointPolicy policy = {}) {
   Transformer model(args, dev, {}, {}, compute);
   model.init_weights(1234);
-  std::vector<int64_t> block_index;
-  for (size_t u = 0; u < model.units().size(); ++u)
-    block_index.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
-  Executor exec(model.units(), block_index, policy);
+  Executor exec(model.units(), model.block_index(), policy);
   MixedPrecisionHooks hooks(model, nullptr);
   exec.set_hooks(&hooks);
   model.zero_grad();

@@ -30,15 +30,9 @@ std::vector<int32_t> batch(int64_t n, int64_t t, int64_t vocab, int salt) {
   return s;
 }
 
-std::vector<int64_t> block_index(const Transformer& m) {
-  std::vector<int64_t> b;
-  for (size_t u = 0; u < m.units().size(); ++u) b.push_back(u == 0 || u + 1 == m.units().size() ? -1 : int64_t(u - 1));
-  return b;
-}
-
 // Runs `accum` micro-batches forward + backward through `hooks` (none: the replicated model).
 void run_micro_batches(Transformer& m, GradientSync* sync, int64_t accum) {
-  Executor exec(m.units(), block_index(m), CheckpointPolicy{});
+  Executor exec(m.units(), m.block_index(), CheckpointPolicy{});
   if (sync) exec.set_hooks(sync);
   for (int64_t k = 0; k < accum; ++k) {
     const auto s = batch(2, 8, m.args().vocab_size, int(k));

@@ -96,18 +96,12 @@ void check_cross_entropy(int tp_size, int64_t vocab, bool loss_parallel) {
   }
 }
 
-std::vector<int64_t> block_index(const Transformer& m) {
-  std::vector<int64_t> b;
-  for (size_t u = 0; u < m.units().size(); ++u) b.push_back(u == 0 || u + 1 == m.units().size() ? -1 : int64_t(u - 1));
-  return b;
-}
-
 // Loss sum of one forward + backward of a fixed micro-batch [2, 16] (gradients accumulate).
 double forward_backward(Transformer& m) {
   const int64_t b = 2, t = 16;
   std::vector<int32_t> s(size_t(b * (t + 1)));
   for (size_t i = 0; i < s.size(); ++i) s[i] = int32_t((i * 11 + 5) % size_t(m.args().vocab_size));
-  Executor exec(m.units(), block_index(m), CheckpointPolicy{});
+  Executor exec(m.units(), m.block_index(), CheckpointPolicy{});
   StepContext ctx = m.make_context(s.data(), b, t, 1.0f / float(b * t), true);
   exec.forward_backward(ctx);
   return ctx.loss_sum;

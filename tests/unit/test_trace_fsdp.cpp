@@ -27,12 +27,6 @@ BOOST_TEST_GLOBAL_FIXTURE(MpiFixture);
 
 namespace {
 
-std::vector<int64_t> block_index(const Transformer& m) {
-  std::vector<int64_t> b;
-  for (size_t u = 0; u < m.units().size(); ++u) b.push_back(u == 0 || u + 1 == m.units().size() ? -1 : int64_t(u - 1));
-  return b;
-}
-
 void one_step(Transformer& m, ShardedDataParallel& sdp, Executor& exec) {
   std::vector<int32_t> s(2 * 9);
   for (size_t i = 0; i < s.size(); ++i) s[i] = int32_t((i * 7) % size_t(m.args().vocab_size));
@@ -71,7 +65,7 @@ BOOST_AUTO_TEST_CASE(zero3_step_with_full_recompute) {
   sdp.init_weights(3);
   CheckpointPolicy full;
   full.mode = CheckpointPolicy::Mode::kFull;
-  Executor exec(m.units(), block_index(m), full);
+  Executor exec(m.units(), m.block_index(), full);
   exec.set_hooks(&sdp);
 
   trace::take();
@@ -110,7 +104,7 @@ BOOST_AUTO_TEST_CASE(zero3_step_with_full_recompute) {
   std::multiset<std::string> units, blocks;
   for (size_t u = 0; u < m.units().size(); ++u) {
     units.insert(m.units()[u]->name());
-    if (block_index(m)[u] >= 0) blocks.insert(m.units()[u]->name());
+    if (m.block_index()[u] >= 0) blocks.insert(m.units()[u]->name());
   }
   BOOST_TEST(by_cat["forward"] == units);
   BOOST_TEST(by_cat["backward"] == units);

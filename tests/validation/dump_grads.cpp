@@ -59,10 +59,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> tokens(size_t(b * (t + 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(counter_u64(7, 1, i) % uint64_t(a.vocab_size));
   StepContext ctx = model.make_context(tokens.data(), b, t, 1.0f / float(b * t), true);
-  std::vector<int64_t> blocks;
-  for (size_t u = 0; u < model.units().size(); ++u)
-    blocks.push_back(u == 0 || u + 1 == model.units().size() ? -1 : int64_t(u - 1));
-  Executor exec(model.units(), blocks, CheckpointPolicy::from_deck(ac, "2"));
+  Executor exec(model.units(), model.block_index(), CheckpointPolicy::from_deck(ac, "2"));
   exec.forward_backward(ctx);
   DumpOptions opt;
   opt.grads = true;
