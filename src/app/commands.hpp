@@ -23,4 +23,9 @@ int cmd_model(int argc, char** argv);
 /// state, writer layout and checksum verdict; exit 2 when a checksum fails. Serial.
 int cmd_ckpt(int argc, char** argv);
 
+/// `meshtrain pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V |
+/// --layers L --layers-per-stage K]` (pp_cmd.cpp): a pipeline schedule's unit-cost timeline,
+/// bubble fraction against the papers' formula, and peak in-flight micro-batches. Serial.
+int cmd_pp(int argc, char** argv);
+
 }  // namespace meshtrain::app

@@ -18,6 +18,8 @@ void usage(FILE* out) {
       "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
       "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
       "  layout --deck FILE --world-size N [--topology FILE] [--csv FILE]   rank layout report\n"
+      "  pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V]\n"
+      "                                                pipeline schedule timeline, bubble and in-flight peak\n"
       "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n"
       "  ckpt export --format safetensors --output DIR FILE\n"
       "                                                Hugging Face model folder (model.safetensors, config.json)\n",
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
     if (cmd == "model") return app::cmd_model(argc - 2, argv + 2);
     if (cmd == "layout") return app::cmd_layout(argc - 2, argv + 2);
     if (cmd == "ckpt") return app::cmd_ckpt(argc - 2, argv + 2);
+    if (cmd == "pp") return app::cmd_pp(argc - 2, argv + 2);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return kExitConfig;

@@ -1,2 +1,4 @@
 # Sharding building blocks of the parallel module.
 meshtrain_test(test_dim0_shard SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_dim0_shard.cpp LIBS meshtrain_parallel)
+# Pipeline schedules as data: generators, validity checks, unit-cost simulation.
+meshtrain_test(test_pp_schedule SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_pp_schedule.cpp LIBS meshtrain_pipeline)

@@ -1,0 +1,96 @@
+// `meshtrain pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V |
+// --layers L --layers-per-stage K]`: generates and checks a pipeline schedule, prints its
+// unit-cost timeline, simulated bubble next to the papers' formula, and peak in-flight
+// micro-batches per rank. Serial; no MPI launch.
+#include <charconv>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "app/commands.hpp"
+#include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/simulate.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain::app {
+
+namespace {
+
+const char* kUsage =
+    "usage: meshtrain pp schedule --schedule NAME --pp N --microbatches M "
+    "[--stages-per-rank V | --layers L --layers-per-stage K]";
+
+int to_int(const std::string& flag, const std::string& text) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < 1)
+    throw ConfigError("meshtrain pp schedule: " + flag + " '" + text + "' is not a positive integer");
+  return v;
+}
+
+std::string placement_text(const PipelineSchedule& s) {
+  if (s.placement == StagePlacement::kV) return "V placement: rank r holds stages r and " + std::to_string(2 * s.pp - 1) + " - r";
+  if (s.stages_per_rank == 1) return "rank r holds stage r";
+  std::string t = "loop placement: rank r holds stages r";
+  for (int c = 1; c < s.stages_per_rank; ++c) t += ", r + " + std::to_string(c * s.pp);
+  return t;
+}
+
+}  // namespace
+
+int cmd_pp(int argc, char** argv) {
+  if (argc < 1 || std::string(argv[0]) != "schedule") throw ConfigError(kUsage);
+  std::map<std::string, std::string> opt;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag != "--schedule" && flag != "--pp" && flag != "--microbatches" && flag != "--stages-per-rank" &&
+        flag != "--layers" && flag != "--layers-per-stage")
+      throw ConfigError("meshtrain pp schedule: unknown option '" + flag + "'\n" + kUsage);
+    if (i + 1 >= argc) throw ConfigError("meshtrain pp schedule: " + flag + " needs a value\n" + kUsage);
+    opt[flag] = argv[i + 1];
+  }
+  if (!opt.count("--schedule") || !opt.count("--pp") || !opt.count("--microbatches")) throw ConfigError(kUsage);
+  const std::string name = opt["--schedule"];
+  const int pp = to_int("--pp", opt["--pp"]);
+  const int m = to_int("--microbatches", opt["--microbatches"]);
+  int v = 1;
+  try {
+    v = is_multi_stage(name) ? 2 : 1;
+  } catch (const ScheduleError& e) {
+    throw ConfigError(e.what());
+  }
+  if (opt.count("--stages-per-rank")) v = to_int("--stages-per-rank", opt["--stages-per-rank"]);
+  if (opt.count("--layers-per-stage") != opt.count("--layers"))
+    throw ConfigError("meshtrain pp schedule: --layers-per-stage and --layers go together\n" + std::string(kUsage));
+  if (opt.count("--layers-per-stage")) {
+    if (opt.count("--stages-per-rank"))
+      throw ConfigError("meshtrain pp schedule: give --stages-per-rank or --layers/--layers-per-stage, not both");
+    const int layers = to_int("--layers", opt["--layers"]);
+    const int per_stage = to_int("--layers-per-stage", opt["--layers-per-stage"]);
+    if (layers % per_stage != 0 || (layers / per_stage) % pp != 0)
+      throw ConfigError("[parallelism] pipeline_parallel_layers_per_stage = " + std::to_string(per_stage) + ": " +
+                        std::to_string(layers) + " layers must split into stages of that many layers, a multiple of pp = " +
+                        std::to_string(pp) + " stages");
+    v = layers / per_stage / pp;
+  }
+  PipelineSchedule s;
+  try {
+    s = make_schedule(name, pp, m, v);
+  } catch (const ScheduleError& e) {
+    throw ConfigError(e.what());
+  }
+  const SimulationResult r = simulate_schedule(s);
+  std::printf("schedule %s: pp %d, %d stage%s per rank (%s), %d micro-batches\n", name.c_str(), pp, v,
+              v == 1 ? "" : "s", placement_text(s).c_str(), m);
+  std::printf("unit costs: F = 1, B = 2, I = 1, W = 1, communication free; cells are {stage}{F|B|I|W}{micro-batch}\n\n");
+  std::fputs(format_timeline(r).c_str(), stdout);
+  const BubbleFormula f = textbook_bubble(s);
+  std::printf("\nmakespan %lld units; bubble fraction (max over ranks of idle / busy): simulated %.4f, %s = %.4f\n",
+              static_cast<long long>(r.makespan), r.bubble_fraction(), f.text.c_str(), f.value);
+  std::printf("peak in-flight micro-batches per rank (forwards awaiting their backward, per stage):");
+  for (int p : r.peak_in_flight) std::printf(" %d", p);
+  std::printf("\n");
+  return kExitOk;
+}
+
+}  // namespace meshtrain::app

@@ -1,0 +1,117 @@
+#include "parallel/pipeline/simulate.hpp"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+namespace meshtrain {
+
+namespace {
+
+int64_t cost_of(const Action& a, const UnitCosts& c) {
+  switch (a.type) {
+    case ActionType::kForward: return c.forward;
+    case ActionType::kBackward: return c.backward;
+    case ActionType::kBackwardInput: return c.backward_input;
+    case ActionType::kBackwardWeight: return c.backward_weight;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+double SimulationResult::bubble_fraction() const {
+  double worst = 0;
+  for (size_t r = 0; r < busy.size(); ++r)
+    if (busy[r] > 0) worst = std::max(worst, static_cast<double>(idle[r]) / static_cast<double>(busy[r]));
+  return worst;
+}
+
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs) {
+  const int P = static_cast<int>(s.ranks.size());
+  std::vector<size_t> pos(P, 0);
+  std::vector<int64_t> now(P, 0);
+  std::vector<int> in_flight(P, 0);
+  SimulationResult out;
+  out.busy.assign(P, 0);
+  out.peak_in_flight.assign(P, 0);
+  // (is gradient, sending stage, mb) → time the message is available to its receiver
+  std::map<std::tuple<bool, int, int>, int64_t> arrived;
+  struct Slot {
+    int64_t start, length;
+    std::string label;
+  };
+  std::vector<std::vector<Slot>> slots(P);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      for (; pos[r] < s.ranks[r].size(); ++pos[r]) {
+        const Action& a = s.ranks[r][pos[r]];
+        if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) {
+          const bool grad = a.type == ActionType::kRecvGradient;
+          auto it = arrived.find({grad, grad ? a.stage + 1 : a.stage - 1, a.microbatch});
+          if (it == arrived.end()) break;
+          now[r] = std::max(now[r], it->second);
+        } else if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
+          arrived[{a.type == ActionType::kSendGradient, a.stage, a.microbatch}] = now[r] + costs.communication;
+        } else {
+          const int64_t c = cost_of(a, costs);
+          slots[r].push_back({now[r], c, to_string(a)});
+          now[r] += c;
+          out.busy[r] += c;
+          if (a.type == ActionType::kForward) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
+          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) --in_flight[r];
+        }
+        progress = true;
+      }
+    }
+  }
+  std::string blocked;
+  for (int r = 0; r < P; ++r)
+    if (pos[r] < s.ranks[r].size())
+      blocked += (blocked.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits at action " +
+                 std::to_string(pos[r]) + " " + to_string(s.ranks[r][pos[r]]);
+  if (!blocked.empty()) throw ScheduleError("schedule " + s.name + " deadlocks: " + blocked);
+  out.makespan = P ? *std::max_element(now.begin(), now.end()) : 0;
+  out.idle.resize(P);
+  out.timeline.assign(P, std::vector<std::string>(out.makespan));
+  for (int r = 0; r < P; ++r) {
+    out.idle[r] = out.makespan - out.busy[r];
+    for (const Slot& sl : slots[r])
+      for (int64_t t = sl.start; t < sl.start + sl.length; ++t) out.timeline[r][t] = sl.label;
+  }
+  return out;
+}
+
+BubbleFormula textbook_bubble(const PipelineSchedule& s) {
+  const double p = s.pp, m = s.microbatches, v = s.stages_per_rank;
+  if (s.name == "GPipe" || s.name == "1F1B") return {"formula (pp - 1) / m", (p - 1) / m};
+  if (s.name == "Interleaved1F1B") return {"formula (pp - 1) / (v * m)", (p - 1) / (v * m)};
+  if (s.name == "InterleavedZeroBubble") return {"ZB-H1 (pp - 1) / (3 * v * m)", (p - 1) / (3 * v * m)};
+  if (s.name == "ZBVZeroBubble") return {"ZB-V (pp - 1) / (6 * m)", (p - 1) / (6 * m)};
+  throw ScheduleError("schedule " + s.name + " has no textbook bubble formula");
+}
+
+std::string format_timeline(const SimulationResult& r) {
+  size_t width = 2;
+  for (const auto& row : r.timeline)
+    for (const auto& cell : row) width = std::max(width, cell.size());
+  auto pad = [width](std::string s) {
+    s.resize(width, ' ');
+    return s + ' ';
+  };
+  std::string out = "slot    ";
+  for (int64_t t = 0; t < r.makespan; ++t) out += pad(std::to_string(t));
+  out += '\n';
+  for (size_t rank = 0; rank < r.timeline.size(); ++rank) {
+    std::string head = "rank " + std::to_string(rank);
+    head.resize(8, ' ');
+    out += head;
+    for (const auto& cell : r.timeline[rank]) out += pad(cell.empty() ? "." : cell);
+    while (!out.empty() && out.back() == ' ') out.pop_back();
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,71 @@
+#pragma once
+/// @file Unit-cost simulation of a pipeline schedule (schedule.hpp): each rank runs its list in
+/// order; a compute action occupies the rank for its cost; a SEND completes at once (buffered,
+/// non-blocking) and a RECV waits until its SEND has run. Used to prove a schedule free of
+/// deadlock and to measure its bubble against the papers' formulas.
+///
+/// Cost model (time units per stage per micro-batch), chosen so the textbook figures are exact:
+/// F = 1, fused B = 2, I = 1, W = 1, communication free. A rank's busy time is the sum of its
+/// compute costs, its idle time is makespan − busy, and the bubble fraction is idle / busy,
+/// the maximum over ranks (every generated schedule gives all ranks equal busy time). With these
+/// costs (m micro-batches, pp ranks, v stages per rank):
+///  - GPipe and 1F1B: (pp − 1) / m (Huang et al. 2019; Narayanan et al. 2021);
+///  - Interleaved1F1B: (pp − 1) / (v·m) (Narayanan et al. 2021, Megatron-LM);
+///  - InterleavedZeroBubble: ZB-H1's bubble time (pp − 1)(T_F + T_B − T_W) (Qi et al. 2024)
+///    with T_F = T_I = T_W = 1, over v·m·3 busy units: (pp − 1) / (3·v·m). It is
+///    also the lower bound of any schedule: the last rank cannot start before the first
+///    micro-batch has crossed pp − 1 stages of F = 1 each;
+///  - ZBVZeroBubble: the same warm-up bound, pp − 1 idle units over 2·m·3 busy ones:
+///    (pp − 1) / (6·m). With T_F = T_I = T_W, ZB-V (Qi et al. 2024) fills every other bubble
+///    with W passes; the tests check that the generator here reaches this bound.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.hpp"
+
+namespace meshtrain {
+
+/// Time units each action takes (see the file comment).
+struct UnitCosts {
+  int64_t forward = 1;
+  int64_t backward = 2;
+  int64_t backward_input = 1;
+  int64_t backward_weight = 1;
+  int64_t communication = 0;  ///< added to a SEND's completion before its RECV may finish
+};
+
+/// What simulate_schedule() measured. All times are in the UnitCosts' units.
+struct SimulationResult {
+  int64_t makespan = 0;             ///< when the last rank finishes
+  std::vector<int64_t> busy;        ///< [pp] compute time per rank
+  std::vector<int64_t> idle;        ///< [pp] makespan − busy
+  std::vector<int> peak_in_flight;  ///< [pp] most (stage, micro-batch) forwards whose B / I has not run yet
+  /// [pp][makespan] the compute action occupying each unit slot (to_string form), "" when idle.
+  std::vector<std::vector<std::string>> timeline;
+
+  /// max over ranks of idle / busy (0 for a rank with no work).
+  double bubble_fraction() const;
+};
+
+/// Runs `s` under `costs`. Does not check data dependencies (validate_schedule() does); it only
+/// needs each RECV's SEND to exist somewhere to make progress.
+/// @throws ScheduleError on deadlock — no rank can run its next action while some list is
+///         unfinished — naming every blocked rank and the action it waits at.
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs = {});
+
+/// A schedule's bubble fraction from the papers, for the unit costs above.
+struct BubbleFormula {
+  std::string text;  ///< e.g. "(pp - 1) / m"
+  double value = 0;
+};
+
+/// The papers' bubble fraction for `s` (see the file comment for each schedule's source).
+/// @throws ScheduleError for a schedule name without a formula ("csv").
+BubbleFormula textbook_bubble(const PipelineSchedule& s);
+
+/// The timeline as text: a header of slot numbers, then one row per rank with one column per
+/// unit slot, "." for idle.
+std::string format_timeline(const SimulationResult& r);
+
+}  // namespace meshtrain

@@ -1,0 +1,201 @@
+// Pipeline schedules as data (parallel/pipeline/): every generator, for pp ≤ 8 and m ≤ 32 where
+// its rules allow, yields lists that validate (matched sends / receives, dependency order, each
+// F / B / I / W exactly once), simulate without deadlock under unit costs, and whose bubble
+// fraction equals the papers' formula exactly (simulate.hpp states the costs and formulas).
+// The rules refuse bad (pp, m, v) combinations naming the deck key; hand-broken lists are
+// rejected with a message naming the rank and action.
+#define BOOST_TEST_MODULE pp_schedule
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/simulate.hpp"
+
+using namespace meshtrain;
+
+namespace {
+
+std::vector<int> stages_per_rank_to_try(const std::string& name) {
+  if (name == "GPipe" || name == "1F1B") return {1};
+  if (name == "Interleaved1F1B") return {2, 3, 4};
+  if (name == "InterleavedZeroBubble") return {1, 2, 3};
+  return {2};
+}
+
+/// Counts each compute action of `s` by (type, stage, mb) independently of validate_schedule().
+void check_each_action_once(const PipelineSchedule& s) {
+  std::map<std::tuple<ActionType, int, int>, int> count;
+  for (const auto& list : s.ranks)
+    for (const Action& a : list)
+      if (a.is_compute()) ++count[{a.type, a.stage, a.microbatch}];
+  const bool split = s.name == "InterleavedZeroBubble" || s.name == "ZBVZeroBubble";
+  for (int st = 0; st < s.num_stages(); ++st)
+    for (int mb = 0; mb < s.microbatches; ++mb) {
+      BOOST_TEST((count[{ActionType::kForward, st, mb}]) == 1);
+      if (split) {
+        BOOST_TEST((count[{ActionType::kBackwardInput, st, mb}]) == 1);
+        BOOST_TEST((count[{ActionType::kBackwardWeight, st, mb}]) == 1);
+      } else {
+        BOOST_TEST((count[{ActionType::kBackward, st, mb}]) == 1);
+      }
+    }
+  size_t computes = 0;
+  for (const auto& [k, n] : count) computes += n;
+  BOOST_TEST(computes == size_t(s.num_stages()) * s.microbatches * (split ? 3 : 2));
+}
+
+/// The schedules built from a generator list and the same list rebuilt with one edit.
+PipelineSchedule one_f_one_b(int pp, int m) { return make_schedule("1F1B", pp, m, 1); }
+
+size_t index_of(const std::vector<Action>& list, const std::string& text) {
+  for (size_t i = 0; i < list.size(); ++i)
+    if (to_string(list[i]) == text) return i;
+  BOOST_FAIL("action " + text + " not in the list");
+  return 0;
+}
+
+void expect_rejected(const PipelineSchedule& s, const std::string& part) {
+  try {
+    validate_schedule(s);
+    BOOST_ERROR("schedule was accepted; expected an error containing '" + part + "'");
+  } catch (const ScheduleError& e) {
+    BOOST_TEST_INFO(e.what());
+    BOOST_TEST(std::string(e.what()).find(part) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_schedule_validates_and_meets_its_formula) {
+  int built = 0;
+  for (const std::string& name : schedule_names()) {
+    for (int v : stages_per_rank_to_try(name)) {
+      for (int pp = 1; pp <= 8; ++pp) {
+        for (int m = 1; m <= 32; ++m) {
+          try {
+            check_schedule_rules(name, pp, m, v);
+          } catch (const ScheduleError& e) {
+            BOOST_TEST(std::string(e.what()).find("[parallelism] pipeline_parallel_") != std::string::npos);
+            continue;
+          }
+          BOOST_TEST_CONTEXT(name << " pp " << pp << " m " << m << " v " << v) {
+            const PipelineSchedule s = make_schedule(name, pp, m, v);  // validates
+            ++built;
+            check_each_action_once(s);
+            const SimulationResult r = simulate_schedule(s);
+            // F + B = F + I + W = 3 units per stage and micro-batch.
+            for (int rank = 0; rank < pp; ++rank) BOOST_TEST(r.busy[rank] == int64_t(3) * v * m);
+            // Exact: the worst rank idles (pp − 1)·(F + B) for GPipe / 1F1B, (pp − 1)·(F + B) over v
+            // chunks interleaved, and pp − 1 units for the zero-bubble schedules.
+            const int64_t worst_idle = *std::max_element(r.idle.begin(), r.idle.end());
+            if (name == "GPipe" || name == "1F1B" || name == "Interleaved1F1B") BOOST_TEST(worst_idle == 3 * (pp - 1));
+            else BOOST_TEST(worst_idle == pp - 1);
+            BOOST_TEST(r.bubble_fraction() == textbook_bubble(s).value, boost::test_tools::tolerance(1e-12));
+            if (name == "1F1B" || (name == "InterleavedZeroBubble" && v == 1))
+              for (int rank = 0; rank < pp; ++rank) BOOST_TEST(r.peak_in_flight[rank] == pp - rank);
+            if (name == "GPipe") BOOST_TEST(r.peak_in_flight[0] == m);
+            if (name == "ZBVZeroBubble")
+              for (int rank = 0; rank < pp; ++rank) BOOST_TEST(r.peak_in_flight[rank] <= 2 * pp);
+          }
+        }
+      }
+    }
+  }
+  BOOST_TEST(built > 1000);
+}
+
+BOOST_AUTO_TEST_CASE(rules_name_the_deck_key) {
+  auto refuses = [](const std::string& name, int pp, int m, int v, const std::string& key, const std::string& rule) {
+    try {
+      check_schedule_rules(name, pp, m, v);
+      BOOST_ERROR(name + " accepted pp " + std::to_string(pp) + " m " + std::to_string(m));
+    } catch (const ScheduleError& e) {
+      BOOST_TEST_INFO(e.what());
+      BOOST_TEST(std::string(e.what()).find(key) != std::string::npos);
+      BOOST_TEST(std::string(e.what()).find(rule) != std::string::npos);
+    }
+  };
+  const std::string mbs = "[parallelism] pipeline_parallel_microbatch_size";
+  const std::string sched = "[parallelism] pipeline_parallel_schedule";
+  refuses("1F1B", 4, 3, 1, mbs, "micro-batches ≥ pp");
+  refuses("Interleaved1F1B", 4, 6, 2, mbs, "multiple of pp");
+  refuses("InterleavedZeroBubble", 3, 4, 2, mbs, "multiple of pp");
+  refuses("ZBVZeroBubble", 4, 7, 2, mbs, "micro-batches ≥ 2·pp");
+  refuses("GPipe", 2, 4, 2, sched, "one stage per rank");
+  refuses("Interleaved1F1B", 2, 4, 1, sched, "at least 2 stages");
+  refuses("ZBVZeroBubble", 2, 4, 3, sched, "exactly 2 stages");
+  refuses("PipeDream", 2, 4, 1, sched, "unknown schedule");
+  BOOST_CHECK_THROW(make_schedule("1F1B", 4, 3, 1), ScheduleError);
+  BOOST_CHECK_NO_THROW(make_schedule("GPipe", 4, 3, 1));  // GPipe has no micro-batch rule
+}
+
+BOOST_AUTO_TEST_CASE(a_dropped_receive_is_rejected) {
+  PipelineSchedule s = one_f_one_b(2, 2);
+  auto& r1 = s.ranks[1];
+  r1.erase(r1.begin() + index_of(r1, "1RECV_F1"));
+  expect_rejected(s, "rank 1, action 1F1: needs 1RECV_F1 before it");
+}
+
+BOOST_AUTO_TEST_CASE(a_missing_backward_is_rejected) {
+  PipelineSchedule s = one_f_one_b(3, 3);
+  auto& r2 = s.ranks[2];
+  r2.erase(r2.begin() + index_of(r2, "2B1"));
+  expect_rejected(s, "rank 2: 2B1 (or 2I1) is missing");
+}
+
+BOOST_AUTO_TEST_CASE(a_backward_before_its_forward_is_rejected) {
+  PipelineSchedule s = one_f_one_b(2, 2);
+  auto& r1 = s.ranks[1];
+  std::swap(r1[index_of(r1, "1F0")], r1[index_of(r1, "1B0")]);
+  expect_rejected(s, "rank 1, action 1B0: runs before 1F0");
+}
+
+BOOST_AUTO_TEST_CASE(a_weight_gradient_before_its_input_gradient_is_rejected) {
+  PipelineSchedule s = make_schedule("InterleavedZeroBubble", 2, 2, 1);
+  auto& r0 = s.ranks[0];
+  std::swap(r0[index_of(r0, "0I1")], r0[index_of(r0, "0W1")]);
+  expect_rejected(s, "rank 0, action 0W1: runs before its 0I1");
+}
+
+BOOST_AUTO_TEST_CASE(receives_out_of_channel_order_are_rejected) {
+  PipelineSchedule s = make_schedule("GPipe", 2, 2, 1);
+  auto& r1 = s.ranks[1];  // RECV_F0 F0 RECV_F1 F1 …: receive micro-batch 1 first
+  std::swap(r1[index_of(r1, "1RECV_F0")], r1[index_of(r1, "1RECV_F1")]);
+  std::swap(r1[index_of(r1, "1F0")], r1[index_of(r1, "1F1")]);
+  expect_rejected(s, "channel stage 0 → stage 1 (activations, rank 0 → rank 1): message 0 is micro-batch 0 "
+                     "but the receiver expects micro-batch 1");
+}
+
+BOOST_AUTO_TEST_CASE(a_send_after_a_blocking_receive_deadlocks) {
+  PipelineSchedule s = make_schedule("GPipe", 2, 1, 1);  // rank 0: F0 SEND_F0 RECV_B0 B0
+  auto& r0 = s.ranks[0];
+  std::swap(r0[index_of(r0, "0SEND_F0")], r0[index_of(r0, "0RECV_B0")]);
+  expect_rejected(s, "deadlocks: rank 0 waits at action 1 0RECV_B0; rank 1 waits at action 0 1RECV_F0");
+}
+
+BOOST_AUTO_TEST_CASE(an_action_on_the_wrong_rank_is_rejected) {
+  PipelineSchedule s = make_schedule("Interleaved1F1B", 2, 2, 2);
+  s.ranks[0].push_back({ActionType::kBackwardWeight, 1, 0});
+  expect_rejected(s, "rank 0, action 1W0: stage 1 does not live on this rank");
+}
+
+BOOST_AUTO_TEST_CASE(action_strings_round_trip) {
+  const PipelineSchedule s = make_schedule("ZBVZeroBubble", 3, 6, 2);
+  for (const auto& list : s.ranks)
+    for (const Action& a : list) BOOST_TEST((parse_action(to_string(a)) == a), to_string(a));
+  BOOST_TEST(to_string(parse_action("12SEND_B31")) == "12SEND_B31");
+  BOOST_CHECK_THROW(parse_action("F3"), ScheduleError);
+  BOOST_CHECK_THROW(parse_action("0X3"), ScheduleError);
+  BOOST_CHECK_THROW(parse_action("0F"), ScheduleError);
+}
+
+BOOST_AUTO_TEST_CASE(the_timeline_shows_one_column_per_slot) {
+  const PipelineSchedule s = make_schedule("1F1B", 2, 2, 1);
+  const std::string text = format_timeline(simulate_schedule(s));
+  // F = 1, B = 2: rank 0 runs F0 F1 and waits for each gradient from rank 1's B.
+  BOOST_TEST(text.find("rank 0  0F0 0F1 .   .   0B0 0B0 .   0B1 0B1\n") != std::string::npos, text);
+  BOOST_TEST(text.find("rank 1  .   1F0 1B0 1B0 1F1 1B1 1B1 .   .\n") != std::string::npos, text);
+}
