@@ -24,7 +24,8 @@ int cmd_model(int argc, char** argv);
 int cmd_ckpt(int argc, char** argv);
 
 /// `meshtrain pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V |
-/// --layers L --layers-per-stage K]` (pp_cmd.cpp): a pipeline schedule's unit-cost timeline,
+/// --layers L --layers-per-stage K]` or `meshtrain pp schedule --csv FILE [--stages-per-rank V]
+/// [--placement loop|v]` (pp_cmd.cpp): a pipeline schedule's unit-cost timeline,
 /// bubble fraction against the papers' formula, and peak in-flight micro-batches. Serial.
 int cmd_pp(int argc, char** argv);
 

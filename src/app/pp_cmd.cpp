@@ -1,5 +1,6 @@
 // `meshtrain pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V |
-// --layers L --layers-per-stage K]`: generates and checks a pipeline schedule, prints its
+// --layers L --layers-per-stage K]` or `meshtrain pp schedule --csv FILE [--stages-per-rank V]
+// [--placement loop|v]`: generates (or reads) and checks a pipeline schedule, prints its
 // unit-cost timeline, simulated bubble next to the papers' formula, and peak in-flight
 // micro-batches per rank. Serial; no MPI launch.
 #include <charconv>
@@ -9,6 +10,7 @@
 
 #include "app/commands.hpp"
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/schedule_csv.hpp"
 #include "parallel/pipeline/simulate.hpp"
 #include "util/errors.hpp"
 
@@ -18,7 +20,8 @@ namespace {
 
 const char* kUsage =
     "usage: meshtrain pp schedule --schedule NAME --pp N --microbatches M "
-    "[--stages-per-rank V | --layers L --layers-per-stage K]";
+    "[--stages-per-rank V | --layers L --layers-per-stage K]\n"
+    "       meshtrain pp schedule --csv FILE [--stages-per-rank V] [--placement loop|v]";
 
 int to_int(const std::string& flag, const std::string& text) {
   int v = 0;
@@ -36,6 +39,40 @@ std::string placement_text(const PipelineSchedule& s) {
   return t;
 }
 
+void print_schedule(const PipelineSchedule& s, bool with_formula) {
+  const SimulationResult r = simulate_schedule(s);
+  std::printf("schedule %s: pp %d, %d stage%s per rank (%s), %d micro-batches\n", s.name.c_str(), s.pp,
+              s.stages_per_rank, s.stages_per_rank == 1 ? "" : "s", placement_text(s).c_str(), s.microbatches);
+  std::printf("unit costs: F = 1, B = 2, I = 1, W = 1, communication free; cells are {stage}{F|B|I|W}{micro-batch}\n\n");
+  std::fputs(format_timeline(r).c_str(), stdout);
+  std::printf("\nmakespan %lld units; bubble fraction (max over ranks of idle / busy): simulated %.4f",
+              static_cast<long long>(r.makespan), r.bubble_fraction());
+  if (with_formula) {
+    const BubbleFormula f = textbook_bubble(s);
+    std::printf(", %s = %.4f", f.text.c_str(), f.value);
+  }
+  std::printf("\npeak in-flight micro-batches per rank (forwards awaiting their backward, per stage):");
+  for (int p : r.peak_in_flight) std::printf(" %d", p);
+  std::printf("\n");
+}
+
+int print_csv_schedule(std::map<std::string, std::string>& opt) {
+  if (opt.count("--schedule") || opt.count("--pp") || opt.count("--microbatches") || opt.count("--layers"))
+    throw ConfigError("meshtrain pp schedule: --csv takes pp and micro-batches from the file\n" + std::string(kUsage));
+  const std::string placement = opt.count("--placement") ? opt["--placement"] : "loop";
+  if (placement != "loop" && placement != "v")
+    throw ConfigError("meshtrain pp schedule: --placement '" + placement + "' must be loop or v");
+  const int v = opt.count("--stages-per-rank") ? to_int("--stages-per-rank", opt["--stages-per-rank"])
+                                               : (placement == "v" ? 2 : 1);
+  try {
+    print_schedule(read_schedule_csv(opt["--csv"], v, placement == "v" ? StagePlacement::kV : StagePlacement::kLoop),
+                   false);
+  } catch (const ScheduleError& e) {
+    throw ConfigError(e.what());
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int cmd_pp(int argc, char** argv) {
@@ -44,11 +81,12 @@ int cmd_pp(int argc, char** argv) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag != "--schedule" && flag != "--pp" && flag != "--microbatches" && flag != "--stages-per-rank" &&
-        flag != "--layers" && flag != "--layers-per-stage")
+        flag != "--layers" && flag != "--layers-per-stage" && flag != "--csv" && flag != "--placement")
       throw ConfigError("meshtrain pp schedule: unknown option '" + flag + "'\n" + kUsage);
     if (i + 1 >= argc) throw ConfigError("meshtrain pp schedule: " + flag + " needs a value\n" + kUsage);
     opt[flag] = argv[i + 1];
   }
+  if (opt.count("--csv")) return print_csv_schedule(opt);
   if (!opt.count("--schedule") || !opt.count("--pp") || !opt.count("--microbatches")) throw ConfigError(kUsage);
   const std::string name = opt["--schedule"];
   const int pp = to_int("--pp", opt["--pp"]);
@@ -79,17 +117,7 @@ int cmd_pp(int argc, char** argv) {
   } catch (const ScheduleError& e) {
     throw ConfigError(e.what());
   }
-  const SimulationResult r = simulate_schedule(s);
-  std::printf("schedule %s: pp %d, %d stage%s per rank (%s), %d micro-batches\n", name.c_str(), pp, v,
-              v == 1 ? "" : "s", placement_text(s).c_str(), m);
-  std::printf("unit costs: F = 1, B = 2, I = 1, W = 1, communication free; cells are {stage}{F|B|I|W}{micro-batch}\n\n");
-  std::fputs(format_timeline(r).c_str(), stdout);
-  const BubbleFormula f = textbook_bubble(s);
-  std::printf("\nmakespan %lld units; bubble fraction (max over ranks of idle / busy): simulated %.4f, %s = %.4f\n",
-              static_cast<long long>(r.makespan), r.bubble_fraction(), f.text.c_str(), f.value);
-  std::printf("peak in-flight micro-batches per rank (forwards awaiting their backward, per stage):");
-  for (int p : r.peak_in_flight) std::printf(" %d", p);
-  std::printf("\n");
+  print_schedule(s, true);
   return kExitOk;
 }
 

@@ -3,7 +3,7 @@
 // F / B / I / W exactly once), simulate without deadlock under unit costs, and whose bubble
 // fraction equals the papers' formula exactly (simulate.hpp states the costs and formulas).
 // The rules refuse bad (pp, m, v) combinations naming the deck key; hand-broken lists are
-// rejected with a message naming the rank and action.
+// rejected with a message naming the rank and action; the CSV reader round-trips generated lists.
 #define BOOST_TEST_MODULE pp_schedule
 #include <boost/test/unit_test.hpp>
 
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/schedule_csv.hpp"
 #include "parallel/pipeline/simulate.hpp"
 
 using namespace meshtrain;
@@ -198,4 +199,37 @@ BOOST_AUTO_TEST_CASE(the_timeline_shows_one_column_per_slot) {
   // F = 1, B = 2: rank 0 runs F0 F1 and waits for each gradient from rank 1's B.
   BOOST_TEST(text.find("rank 0  0F0 0F1 .   .   0B0 0B0 .   0B1 0B1\n") != std::string::npos, text);
   BOOST_TEST(text.find("rank 1  .   1F0 1B0 1B0 1F1 1B1 1B1 .   .\n") != std::string::npos, text);
+}
+
+BOOST_AUTO_TEST_CASE(csv_round_trips_a_generated_schedule) {
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{
+           {"1F1B", 1}, {"Interleaved1F1B", 2}, {"InterleavedZeroBubble", 2}, {"ZBVZeroBubble", 2}}) {
+    const PipelineSchedule s = make_schedule(name, 4, 8, v);
+    for (bool comm : {true, false}) {
+      const PipelineSchedule back = parse_schedule_csv(write_schedule_csv(s, comm), "gen.csv", v, s.placement);
+      BOOST_TEST(back.pp == s.pp);
+      BOOST_TEST(back.microbatches == s.microbatches);
+      BOOST_TEST((back.ranks == s.ranks), name << (comm ? " with" : " without") << " communication");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(csv_errors_name_file_line_and_action) {
+  // Hand-written GPipe on 2 ranks, comments and blanks allowed, communication derived.
+  const PipelineSchedule ok = parse_schedule_csv("# rank 0\n0F0, 0F1, 0B0, 0B1\n\n1F0,1F1,1B0,1B1\n", "h.csv", 1,
+                                                 StagePlacement::kLoop);
+  BOOST_TEST(ok.microbatches == 2);
+  BOOST_TEST(simulate_schedule(ok).bubble_fraction() == 0.5, boost::test_tools::tolerance(1e-12));
+  auto rejects = [](const std::string& text, const std::string& part) {
+    try {
+      parse_schedule_csv(text, "h.csv", 1, StagePlacement::kLoop);
+      BOOST_ERROR("accepted: " + text);
+    } catch (const ScheduleError& e) {
+      BOOST_TEST_INFO(e.what());
+      BOOST_TEST(std::string(e.what()).find(part) != std::string::npos);
+    }
+  };
+  rejects("0F0,0B0\n1F0,1X0,1B0\n", "h.csv:2: rank 1: action '1X0': unknown action type 'X'");
+  rejects("0F0,0F1,0B0,0B1\n1F0,1F1,1B1\n", "h.csv: rank 1: 1B0 (or 1I0) is missing");
+  rejects("0F0,0B0\n1B0,1F0\n", "h.csv: rank 1, action 1B0: runs before 1F0");
 }
