@@ -48,7 +48,7 @@ void check_each_action_once(const PipelineSchedule& s) {
   BOOST_TEST(computes == size_t(s.num_stages()) * s.microbatches * (split ? 3 : 2));
 }
 
-/// The schedules built from a generator list and the same list rebuilt with one edit.
+/// A valid 1F1B schedule for the hand-broken cases below to edit.
 PipelineSchedule one_f_one_b(int pp, int m) { return make_schedule("1F1B", pp, m, 1); }
 
 size_t index_of(const std::vector<Action>& list, const std::string& text) {
