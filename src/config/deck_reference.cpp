@@ -7,18 +7,15 @@
 
 namespace meshtrain {
 
-namespace {
-
-// A Markdown table cell: '|' would end the cell and '<' could open an HTML tag.
-std::string cell(const std::string& s) {
+std::string markdown_cell(const std::string& s) {
   std::string out;
   for (char c : s) out += c == '|' ? std::string("\\|") : c == '<' ? std::string("&lt;") : std::string(1, c);
   return out;
 }
 
-std::string pad(const std::string& s, size_t width) { return s + std::string(width > s.size() ? width - s.size() : 0, ' '); }
-
-}  // namespace
+std::string pad_right(const std::string& s, size_t width) {
+  return s + std::string(width > s.size() ? width - s.size() : 0, ' ');
+}
 
 std::string deck_reference_text() {
   size_t wk = 3, wt = 4, wd = 7, wa = 7;
@@ -35,11 +32,11 @@ std::string deck_reference_text() {
   for (const Option& o : option_registry()) {
     if (o.section != section) {
       section = o.section;
-      out << "\n[" << section << "]\n  " << pad("key", wk) << "  " << pad("type", wt) << "  " << pad("default", wd)
-          << "  " << pad("allowed", wa) << "  meaning\n";
+      out << "\n[" << section << "]\n  " << pad_right("key", wk) << "  " << pad_right("type", wt) << "  " << pad_right("default", wd)
+          << "  " << pad_right("allowed", wa) << "  meaning\n";
     }
-    out << "  " << pad(o.key, wk) << "  " << pad(o.type_name(), wt) << "  " << pad(o.default_text, wd) << "  "
-        << pad(o.allowed, wa) << "  " << o.doc << "\n";
+    out << "  " << pad_right(o.key, wk) << "  " << pad_right(o.type_name(), wt) << "  " << pad_right(o.default_text, wd) << "  "
+        << pad_right(o.allowed, wa) << "  " << o.doc << "\n";
   }
   return out.str();
 }
@@ -68,8 +65,8 @@ std::string deck_reference_markdown() {
       section = o.section;
       out << "\n## [" << section << "]\n\n| key | type | default | allowed | meaning |\n| --- | --- | --- | --- | --- |\n";
     }
-    out << "| " << o.key << " | " << o.type_name() << " | " << cell(o.default_text) << " | " << cell(o.allowed) << " | "
-        << cell(o.doc) << " |\n";
+    out << "| " << o.key << " | " << o.type_name() << " | " << markdown_cell(o.default_text) << " | " << markdown_cell(o.allowed) << " | "
+        << markdown_cell(o.doc) << " |\n";
   }
   return out.str();
 }

@@ -3,21 +3,13 @@
 #include <algorithm>
 #include <sstream>
 
+#include "config/deck_reference.hpp"
 #include "config/option_registry.hpp"
 #include "config/torchtitan_keys.hpp"
 
 namespace meshtrain {
 
 namespace {
-
-// A Markdown table cell: '|' would end the cell and '<' could open an HTML tag.
-std::string cell(const std::string& s) {
-  std::string out;
-  for (char c : s) out += c == '|' ? std::string("\\|") : c == '<' ? std::string("&lt;") : std::string(1, c);
-  return out;
-}
-
-std::string pad(const std::string& s, size_t width) { return s + std::string(width > s.size() ? width - s.size() : 0, ' '); }
 
 // One row of the table: the registry's option for a TorchTitan key.
 struct Row {
@@ -56,11 +48,11 @@ std::string torchtitan_compat_text() {
   for (const Row& r : all) {
     if (r.o->section != section) {
       section = r.o->section;
-      out << "\n[" << section << "]\n  " << pad("key", wk) << "  " << pad("type", wt) << "  "
-          << pad("TorchTitan default", wd) << "  " << pad("meshtrain default", wm) << "  outcome\n";
+      out << "\n[" << section << "]\n  " << pad_right("key", wk) << "  " << pad_right("type", wt) << "  "
+          << pad_right("TorchTitan default", wd) << "  " << pad_right("meshtrain default", wm) << "  outcome\n";
     }
-    out << "  " << pad(r.o->key, wk) << "  " << pad(r.o->type_name(), wt) << "  " << pad(r.o->torchtitan_default, wd)
-        << "  " << pad(r.meshtrain_default, wm) << "  " << r.o->torchtitan_outcome << "\n";
+    out << "  " << pad_right(r.o->key, wk) << "  " << pad_right(r.o->type_name(), wt) << "  " << pad_right(r.o->torchtitan_default, wd)
+        << "  " << pad_right(r.meshtrain_default, wm) << "  " << r.o->torchtitan_outcome << "\n";
   }
   return out.str();
 }
@@ -112,15 +104,15 @@ std::string torchtitan_compat_markdown() {
       out << "\n## [" << section
           << "]\n\n| key | type | TorchTitan default | meshtrain default | outcome |\n| --- | --- | --- | --- | --- |\n";
     }
-    const std::string m = cell(r.meshtrain_default);
-    out << "| " << r.o->key << " | " << r.o->type_name() << " | " << cell(r.o->torchtitan_default) << " | "
-        << (r.differs ? "**" + m + "**" : m) << " | " << cell(r.o->torchtitan_outcome) << " |\n";
+    const std::string m = markdown_cell(r.meshtrain_default);
+    out << "| " << r.o->key << " | " << r.o->type_name() << " | " << markdown_cell(r.o->torchtitan_default) << " | "
+        << (r.differs ? "**" + m + "**" : m) << " | " << markdown_cell(r.o->torchtitan_outcome) << " |\n";
   }
   out << "\n## meshtrain keys TorchTitan does not have\n\n| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
   for (const std::string& name : meshtrain_only_key_names()) {
     const Option* o = find_option(name);
-    out << "| [" << o->section << "] " << o->key << " | " << o->type_name() << " | " << cell(o->default_text) << " | "
-        << cell(o->doc) << " |\n";
+    out << "| [" << o->section << "] " << o->key << " | " << o->type_name() << " | " << markdown_cell(o->default_text) << " | "
+        << markdown_cell(o->doc) << " |\n";
   }
   return out.str();
 }
