@@ -84,7 +84,9 @@ class Device {
   /// RMSNorm over the last dim (Zhang & Sennrich 2019): y = x · rstd · w, rstd[n] =
   /// 1/sqrt(mean(x[n]²) + eps); x, y [N, D], w [D], rstd [N] (saved for backward).
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) = 0;
-  /// dx[N, D] overwritten; dw[D] accumulates.
+  /// dx[N, D] overwritten; dw[D] accumulates. An undefined dw skips the weight term (the split
+  /// backward of zero-bubble pipeline schedules, which computes it later with
+  /// rmsnorm_backward_weight); dx is bitwise the same either way.
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                 const Tensor& dx, const Tensor& dw) = 0;
   /// The residual add fused with the RMSNorm that follows it (a transformer block's
@@ -93,10 +95,18 @@ class Device {
   virtual void add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
                                    const Tensor& rstd) = 0;
   /// rmsnorm_backward plus the residual branch's gradient: dx = residual + ∂(rmsnorm)/∂x·dy,
-  /// dw accumulates. dx may alias residual (element-wise read before write). dy, x, residual,
-  /// dx [N, D]; w [D]; rstd [N].
+  /// dw accumulates (undefined dw: skipped, as in rmsnorm_backward). dx may alias residual
+  /// (element-wise read before write). dy, x, residual, dx [N, D]; w [D]; rstd [N].
   virtual void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                          const Tensor& residual, const Tensor& dx, const Tensor& dw) = 0;
+  /// The weight term of rmsnorm_backward alone, deferred by a split backward ("W" of Qi et al.
+  /// 2023, Zero Bubble Pipeline Parallelism): dw[D] accumulates Σ_n dy[n, :]·x[n, :]·rstd[n];
+  /// dy, x [N, D] (x the forward's input), rstd f32 [N] from the forward, dw f32 [D]. Same bits
+  /// as the dW term of the fused kernels on the same device and inputs (same row partition and
+  /// summation order), so a split backward reproduces a fused one exactly (CUDA: under the
+  /// alignment and occupancy conditions in cuda/rmsnorm.cu).
+  /// @throws std::invalid_argument on mismatched shapes or dtypes.
+  virtual void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) = 0;
   /// Rotary embedding in place on x [B, T, H, Dh], pairs (2j, 2j+1) rotated by angle θ[t, j]
   /// (Su et al. 2021; Meta's interleaved layout); cos, sin [T, Dh/2]. inverse = rotate by −θ
   /// (the backward pass, since the map is orthogonal).

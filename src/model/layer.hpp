@@ -11,6 +11,8 @@
 
 namespace meshtrain {
 
+class WeightGradQueue;  // model/weight_grad_queue.hpp
+
 /// LIFO of activations saved by forward for backward. With `discard` set (activation
 /// checkpointing), pushes are dropped and the executor recomputes forward before backward.
 class SavedTensors {
@@ -46,6 +48,7 @@ struct StepContext {
   DType act_dtype = DType::kF32;
   double loss_sum = 0;       ///< output: Σ CE over this micro-batch's targets (nats)
   int64_t num_targets = 0;   ///< output: targets counted in loss_sum
+  WeightGradQueue* defer_weight_grads = nullptr;  ///< set: layers record dW terms here instead of computing them (split backward)
 };
 
 class Layer {
@@ -59,7 +62,8 @@ class Layer {
   /// parallelism (tp_local_tokens).
   virtual Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& in) = 0;
   /// Gradient w.r.t. `in` from the gradient w.r.t. the output (empty for the head and the
-  /// embedding). Accumulates into parameter grads.
+  /// embedding). Accumulates into parameter grads, or, when ctx.defer_weight_grads is set,
+  /// records those terms there (WeightGradQueue::run accumulates them later, bitwise as here).
   virtual Tensor backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) = 0;
 };
 

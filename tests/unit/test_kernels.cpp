@@ -1,6 +1,9 @@
 #define BOOST_TEST_MODULE kernels
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "device/cpu/cpu_device.hpp"
@@ -151,6 +154,46 @@ BOOST_AUTO_TEST_CASE(rmsnorm_swiglu_cross_entropy_gradients) {
   check_directional(logits, dl, [&] { return d.cross_entropy(logits, targets, Tensor(), 0.0f); }, 2e-3);
   targets.i32()[0] = 11;
   BOOST_CHECK_THROW(d.cross_entropy(logits, targets, Tensor(), 0.0f), std::out_of_range);
+}
+
+// A split backward (dx now, dW later by rmsnorm_backward_weight) must reproduce the fused
+// kernels bit for bit: same dx with dW skipped, same dW accumulated onto a nonzero gradient,
+// for row counts that do not divide by the thread count and widths off the SIMD width.
+BOOST_AUTO_TEST_CASE(rmsnorm_backward_weight_matches_fused_bitwise) {
+  for (int threads : {1, 2, 3})
+    for (auto [n, dim] : {std::pair<int64_t, int64_t>{4, 8}, {37, 19}, {64, 128}})
+      for (bool residual : {false, true}) {
+        CpuDevice d(threads);
+        Tensor x = randn(d, {n, dim}, 11), w = randn(d, {dim}, 12), dy = randn(d, {n, dim}, 13);
+        Tensor res = randn(d, {n, dim}, 14), start = randn(d, {dim}, 15);
+        Tensor y = d.empty(x.shape(), DType::kF32, MemCategory::kTemporaries);
+        Tensor r = d.empty({n}, DType::kF32, MemCategory::kTemporaries);
+        d.rmsnorm_forward(x, w, 1e-5f, y, r);
+        auto run = [&](bool split, Tensor& dx, Tensor& dw) {
+          dx = d.empty(x.shape(), DType::kF32, MemCategory::kTemporaries);
+          dw = d.empty({dim}, DType::kF32, MemCategory::kTemporaries);
+          d.copy(dw, start);
+          const Tensor fused_dw = split ? Tensor() : dw;
+          if (residual)
+            d.rmsnorm_backward_residual(dy, x, w, r, res, dx, fused_dw);
+          else
+            d.rmsnorm_backward(dy, x, w, r, dx, fused_dw);
+          if (split) d.rmsnorm_backward_weight(dy, x, r, dw);
+        };
+        Tensor dx_fused, dw_fused, dx_split, dw_split;
+        run(false, dx_fused, dw_fused);
+        run(true, dx_split, dw_split);
+        const std::string what = "threads " + std::to_string(threads) + " [" + std::to_string(n) + ", " +
+                                 std::to_string(dim) + "]" + (residual ? " residual" : "");
+        BOOST_TEST(std::memcmp(dx_fused.raw(), dx_split.raw(), dx_fused.nbytes()) == 0, "dx differs: " << what);
+        BOOST_TEST(std::memcmp(dw_fused.raw(), dw_split.raw(), dw_fused.nbytes()) == 0, "dw differs: " << what);
+        BOOST_TEST(std::memcmp(dw_fused.raw(), start.raw(), start.nbytes()) != 0, "dw not accumulated: " << what);
+      }
+  CpuDevice d(2);
+  Tensor x = randn(d, {4, 8}, 1), r = randn(d, {4}, 2), dw = d.zeros({8}, DType::kF32, MemCategory::kTemporaries);
+  BOOST_CHECK_THROW(d.rmsnorm_backward_weight(randn(d, {4, 7}, 3), x, r, dw), std::invalid_argument);
+  BOOST_CHECK_THROW(d.rmsnorm_backward_weight(x, x, randn(d, {3}, 4), dw), std::invalid_argument);
+  BOOST_CHECK_THROW(d.rmsnorm_backward_weight(x, x, r, randn(d, {7}, 5)), std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(rope_inverse_undoes_forward) {

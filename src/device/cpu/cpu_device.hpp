@@ -47,6 +47,9 @@ class CpuDevice final : public Device {
   /// rmsnorm_backward's arithmetic with residual added per element (dx may alias residual).
   void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                  const Tensor& residual, const Tensor& dx, const Tensor& dw) override;
+  /// The fused kernels' dW term alone: the same static row partition over threads() and
+  /// per-thread partials summed in thread order, hence the same bits.
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                          float scale) override;

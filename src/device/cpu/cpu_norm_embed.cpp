@@ -77,20 +77,37 @@ void require_numel(const Tensor& t, int64_t n, const char* what) {
                                 std::to_string(n) + " elements");
 }
 
+// The dW term of one row, Σ g·x·r into this thread's partial pw [D]. The fused loop below
+// writes the same statement, so the two compile to the same per-element arithmetic.
+inline void accumulate_dw_row(float* pw, const float* g, const float* xr, float r, int64_t d) {
+#pragma omp simd
+  for (int64_t c = 0; c < d; ++c) pw[c] += g[c] * xr[c] * r;
+}
+
+// dw [D] += the nt per-thread partials [nt, D], in thread order: deterministic for a given
+// thread count.
+void sum_dw_partials(const std::vector<float>& partial, int nt, int64_t d, float* dwp) {
+  for (int t = 0; t < nt; ++t)
+    for (int64_t c = 0; c < d; ++c) dwp[c] += partial[size_t(t) * d + c];
+}
+
 // The RMSNorm backward shared by rmsnorm_backward (residual = nullptr) and
 // rmsnorm_backward_residual: dx = [residual +] r·g·w − (r³·Σ g·w·x / D)·x; dw accumulates
-// Σ g·x·r through per-thread partials summed in thread order (deterministic for a given thread
-// count). residual may alias dx: each element is read before it is written, in one iteration.
+// Σ g·x·r through per-thread partials over a static row partition, summed in thread order
+// (rmsnorm_backward_weight repeats exactly this). An undefined dw skips that term without
+// touching dx's arithmetic. residual may alias dx: each element is read before it is written,
+// in one iteration.
 void rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                            const float* residual, const Tensor& dx, const Tensor& dw, int nt) {
   const int64_t d = x.dim(-1), n = x.numel() / d;
   const float *dyp = dy.f32(), *xp = x.f32(), *wp = w.f32(), *rp = rstd.f32();
-  float *dxp = dx.f32(), *dwp = dw.f32();
-  std::vector<float> partial(size_t(nt) * d, 0.0f);
+  float* dxp = dx.f32();
+  const bool weight = dw.defined();
+  std::vector<float> partial(weight ? size_t(nt) * d : 0, 0.0f);
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
-    float* pw = partial.data() + size_t(t) * d;
+    float* pw = weight ? partial.data() + size_t(t) * d : nullptr;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float *g = dyp + i * d, *xr = xp + i * d;
@@ -100,30 +117,53 @@ void rmsnorm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& w, c
       for (int64_t c = 0; c < d; ++c) dot += g[c] * wp[c] * xr[c];
       const float k = r * r * r * dot / float(d);
       float* o = dxp + i * d;
-      if (residual) {
-        const float* res = residual + i * d;
+      const float* res = residual ? residual + i * d : nullptr;
+      if (res && pw) {
 #pragma omp simd
         for (int64_t c = 0; c < d; ++c) {
           o[c] = res[c] + (r * g[c] * wp[c] - k * xr[c]);
           pw[c] += g[c] * xr[c] * r;
         }
-      } else {
+      } else if (pw) {
 #pragma omp simd
         for (int64_t c = 0; c < d; ++c) {
           o[c] = r * g[c] * wp[c] - k * xr[c];
           pw[c] += g[c] * xr[c] * r;
         }
+      } else if (res) {
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) o[c] = res[c] + (r * g[c] * wp[c] - k * xr[c]);
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < d; ++c) o[c] = r * g[c] * wp[c] - k * xr[c];
       }
     }
   }
-  for (int t = 0; t < nt; ++t)  // fixed order: deterministic for a given thread count
-    for (int64_t c = 0; c < d; ++c) dwp[c] += partial[size_t(t) * d + c];
+  if (weight) sum_dw_partials(partial, nt, d, dw.f32());
 }
 }  // namespace
 
 void CpuDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                  const Tensor& dx, const Tensor& dw) {
   rmsnorm_backward_impl(dy, x, w, rstd, nullptr, dx, dw, threads_);
+}
+
+void CpuDevice::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) {
+  const int64_t d = x.dim(-1), n = x.numel() / d;
+  require_numel(dy, x.numel(), "rmsnorm_backward_weight: dy");
+  require_numel(rstd, n, "rmsnorm_backward_weight: rstd");
+  require_numel(dw, d, "rmsnorm_backward_weight: dw");
+  const float *dyp = dy.f32(), *xp = x.f32(), *rp = rstd.f32();
+  const int nt = threads_;
+  std::vector<float> partial(size_t(nt) * d, 0.0f);
+  // The fused kernel's partition (static schedule over the same nt threads) and row order.
+#pragma omp parallel num_threads(nt)
+  {
+    float* pw = partial.data() + size_t(omp_get_thread_num()) * d;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < n; ++i) accumulate_dw_row(pw, dyp + i * d, xp + i * d, rp[i], d);
+  }
+  sum_dw_partials(partial, nt, d, dw.f32());
 }
 
 void CpuDevice::add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,

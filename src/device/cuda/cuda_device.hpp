@@ -103,6 +103,9 @@ class CudaDevice final : public Device {
                            const Tensor& rstd) override;
   void rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                  const Tensor& residual, const Tensor& dx, const Tensor& dw) override;
+  /// The backward kernel's dw part alone, on the fused kernel's grid (rmsnorm.cu): dy, x f32 or
+  /// bf16, rstd and dw f32. @throws std::invalid_argument on shapes or dtypes.
+  void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                          float scale) override;

@@ -10,8 +10,14 @@
 // accumulates its rows' dw contribution in registers, reduces its ty row slots in shared
 // memory in a fixed order and writes one row of a temporary [G, D] f32; a second kernel sums
 // those partials in a fixed order into dw.
+//
+// A split backward (zero-bubble pipeline schedules, Qi et al. 2023) runs the backward kernels
+// twice with one part each (BackwardPart): dx now, dw later. Both parts keep the fused
+// kernel's block shape, grid and arithmetic, so dx and dw come out bitwise as fused (for dw,
+// see kWeightGrid for the one configuration where the two fused variants' grids differ).
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "device/cuda/cuda_device.hpp"
 #include "device/cuda/kernel_common.cuh"
@@ -28,6 +34,17 @@ constexpr int kMaxRowFloats = 32;    // ITEMS · VEC: registers per held row arr
 constexpr int kSlotFloats = 2048;    // shared floats for reducing ty row slots of dw
 constexpr int kStreamThreads = 1024;
 constexpr int kMaxBlocksPerSm = 4;   // backward blocks per SM: enough loads in flight, few partials
+
+/// Which outputs a backward kernel computes: both (the fused backward), dx only (a split
+/// backward's input half) or dw only (its deferred weight half).
+enum class BackwardPart { kAll, kInput, kWeight };
+/// The fused kernel whose grid rmsnorm_backward_weight borrows (RESID = this): the block norms'
+/// rmsnorm_backward_residual. The two fused variants get the same grid, hence the same dw bits,
+/// wherever their occupancy (clamped to kMaxBlocksPerSm) agrees. With CUDA 13's ptxas (-v)
+/// it agrees on every vectorized path for sm_80 and sm_90; it differs only on sm_90 for
+/// unvectorized rows of 1025–2048 elements (79 / 75 registers without the residual, 64 with it:
+/// 3 vs 4 blocks per SM), where a split non-residual norm then sums dw in another order.
+constexpr bool kWeightGrid = true;
 
 /// Block shape for rows of `nvec` vectors of `vec` elements: the fewest ITEMS (1, 2, 4, 8,
 /// with ITEMS · vec ≤ 32) that covers the row with tx ≤ 256 threads; short rows share a block
@@ -181,11 +198,13 @@ void launch_forward(T* x, const T* delta, const T* w, T* y, float* rstd, int64_t
 /// reference's formula; the dw contribution Σ_rows dy⊙x·rstd of each row slot (threadIdx.y) is
 /// accumulated in registers, then the slots are summed in order into partial[blockIdx.x, :].
 /// Grid: G blocks of tx × ty threads, grid-stride over groups of ty rows. dx may alias
-/// residual: each element is read and then written by the same thread.
-template <class T, int VEC, int ITEMS, bool RESID>
+/// residual: each element is read and then written by the same thread. PART kInput skips the
+/// dw accumulation (partial unused), kWeight the dx half (w, residual, dx unused).
+template <class T, int VEC, int ITEMS, bool RESID, BackwardPart PART = BackwardPart::kAll>
 __global__ void __launch_bounds__(kRowThreads)
     rmsnorm_backward_kernel(const T* dy, const T* x, const T* __restrict__ w, const float* __restrict__ rstd,
                             const T* residual, T* dx, float* __restrict__ partial, int64_t n, int d) {
+  constexpr bool kDx = PART != BackwardPart::kWeight, kDw = PART != BackwardPart::kInput;
   __shared__ float sh[kMaxRowsPerBlock * 32];
   float acc[ITEMS][VEC];
 #pragma unroll
@@ -207,18 +226,21 @@ __global__ void __launch_bounds__(kRowThreads)
         float g[VEC], wv[VEC];
         load_vec<T, VEC>(dy + base + c, g);
         load_vec<T, VEC>(x + base + c, xv[k]);
-        load_vec<T, VEC>(w + c, wv);
+        if constexpr (kDx) load_vec<T, VEC>(w + c, wv);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          gw[k][i] = g[i] * wv[i];
-          dot += gw[k][i] * xv[k][i];
-          acc[k][i] += g[i] * xv[k][i] * r;
+          if constexpr (kDx) {
+            gw[k][i] = g[i] * wv[i];
+            dot += gw[k][i] * xv[k][i];
+          }
+          if constexpr (kDw) acc[k][i] += g[i] * xv[k][i] * r;
         }
       } else {
 #pragma unroll
         for (int i = 0; i < VEC; ++i) gw[k][i] = xv[k][i] = 0.0f;
       }
     }
+    if constexpr (!kDx) continue;  // uniform: no barrier is skipped by part of the block
     dot = row_sum(dot, sh);
     if (!valid) continue;  // row_sum above was reached by every thread
     const float kk = r * r * r * dot / float(d);
@@ -239,6 +261,7 @@ __global__ void __launch_bounds__(kRowThreads)
       }
     }
   }
+  if constexpr (!kDw) return;
   float* p = partial + int64_t(blockIdx.x) * d;
   if (blockDim.y == 1) {
 #pragma unroll
@@ -274,19 +297,22 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 /// The backward for long rows: G blocks of kStreamThreads, one row at a time, dw partials
-/// accumulated in place in partial[blockIdx.x, :] (each element owned by one thread).
-template <class T, int VEC, bool RESID>
+/// accumulated in place in partial[blockIdx.x, :] (each element owned by one thread). PART as
+/// in rmsnorm_backward_kernel.
+template <class T, int VEC, bool RESID, BackwardPart PART = BackwardPart::kAll>
 __global__ void __launch_bounds__(kStreamThreads)
     rmsnorm_backward_stream_kernel(const T* dy, const T* x, const T* __restrict__ w, const float* __restrict__ rstd,
                                    const T* residual, T* dx, float* __restrict__ partial, int64_t n, int d) {
+  constexpr bool kDx = PART != BackwardPart::kWeight, kDw = PART != BackwardPart::kInput;
   __shared__ float sh[32];
-  float* p = partial + int64_t(blockIdx.x) * d;
-  for (int c = threadIdx.x * VEC; c < d; c += blockDim.x * VEC) {
-    float z[VEC];
+  float* p = kDw ? partial + int64_t(blockIdx.x) * d : nullptr;
+  if constexpr (kDw)
+    for (int c = threadIdx.x * VEC; c < d; c += blockDim.x * VEC) {
+      float z[VEC];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) z[i] = 0.0f;
-    store_vec<float, VEC>(p + c, z);
-  }
+      for (int i = 0; i < VEC; ++i) z[i] = 0.0f;
+      store_vec<float, VEC>(p + c, z);
+    }
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const int64_t base = row * d;
     const float r = rstd[row];
@@ -295,15 +321,16 @@ __global__ void __launch_bounds__(kStreamThreads)
       float g[VEC], xv[VEC], wv[VEC], pv[VEC];
       load_vec<T, VEC>(dy + base + c, g);
       load_vec<T, VEC>(x + base + c, xv);
-      load_vec<T, VEC>(w + c, wv);
-      load_vec<float, VEC>(p + c, pv);
+      if constexpr (kDx) load_vec<T, VEC>(w + c, wv);
+      if constexpr (kDw) load_vec<float, VEC>(p + c, pv);
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        dot += g[i] * wv[i] * xv[i];
-        pv[i] += g[i] * xv[i] * r;
+        if constexpr (kDx) dot += g[i] * wv[i] * xv[i];
+        if constexpr (kDw) pv[i] += g[i] * xv[i] * r;
       }
-      store_vec<float, VEC>(p + c, pv);
+      if constexpr (kDw) store_vec<float, VEC>(p + c, pv);
     }
+    if constexpr (!kDx) continue;  // uniform over the block: block_sum's barriers are all skipped
     dot = block_sum(dot, sh);
     const float kk = r * r * r * dot / float(d);
     for (int c = threadIdx.x * VEC; c < d; c += blockDim.x * VEC) {
@@ -358,60 +385,79 @@ int64_t backward_blocks(K kernel, int threads, int64_t groups) {
   return std::max<int64_t>(1, std::min(wave, ceil_div(groups, 4)));
 }
 
-/// Launches `kernel` on G blocks of `block` threads, then the fixed-order dw reduction of its
-/// [G, D] partials (a temporary from `alloc`, released to the cache while the kernels run:
-/// any reuse is ordered after them on stream s).
+/// Launches `kernel` on g blocks of `block` threads; with dw, then the fixed-order dw reduction
+/// of its [g, D] partials (a temporary from `alloc`, released to the cache while the kernels
+/// run: any reuse is ordered after them on stream s). Without dw (a dx-only part) nothing else.
 template <class K, class T>
-void run_backward(K kernel, dim3 block, int64_t groups, const T* dy, const T* x, const T* w, const float* rstd,
+void run_backward(K kernel, int64_t g, dim3 block, const T* dy, const T* x, const T* w, const float* rstd,
                   const T* residual, T* dx, float* dw, int64_t n, int d, Allocator* alloc, cudaStream_t s,
                   const char* name) {
-  const int64_t g = backward_blocks(kernel, int(block.x * block.y), groups);
-  Tensor partial = Tensor::empty(alloc, {g, d}, DType::kF32, MemCategory::kTemporaries);
-  kernel<<<unsigned(g), block, 0, s>>>(dy, x, w, rstd, residual, dx, partial.f32(), n, d);
+  Tensor partial;
+  if (dw) partial = Tensor::empty(alloc, {g, d}, DType::kF32, MemCategory::kTemporaries);
+  kernel<<<unsigned(g), block, 0, s>>>(dy, x, w, rstd, residual, dx, dw ? partial.f32() : nullptr, n, d);
   MT_CUDA_LAUNCH(name);
+  if (!dw) return;
   rmsnorm_dw_finalize_kernel<<<unsigned(ceil_div(d, 32)), dim3(32, 32), 0, s>>>(partial.f32(), g, d, dw);
   MT_CUDA_LAUNCH("rmsnorm_dw_finalize_kernel");
 }
 
-template <class T, int VEC, int ITEMS, bool RESID>
-void launch_backward_items(const RowLaunch& L, const T* dy, const T* x, const T* w, const float* rstd,
-                           const T* residual, T* dx, float* dw, int64_t n, int d, Allocator* alloc, cudaStream_t s) {
-  if constexpr (ITEMS * VEC <= kMaxRowFloats)  // other combinations are never selected
-    run_backward(rmsnorm_backward_kernel<T, VEC, ITEMS, RESID>, dim3(L.tx, L.ty), ceil_div(n, L.ty), dy, x, w, rstd,
-                 residual, dx, dw, n, d, alloc, s,
-                 RESID ? "rmsnorm_backward_residual_kernel" : "rmsnorm_backward_kernel");
+/// The backward, or one part of it (PART), for rows of d elements read VEC at a time. The grid
+/// is always the one the fused kernel <RESID> would get (backward_blocks of that kernel), so a
+/// kWeight part sums dw in the fused kernel's order. dw is null for kInput.
+template <class T, int VEC, bool RESID, BackwardPart PART>
+void launch_backward(const T* dy, const T* x, const T* w, const float* rstd, const T* residual, T* dx, float* dw,
+                     int64_t n, int d, Allocator* alloc, cudaStream_t s) {
+  constexpr const char* kName = PART == BackwardPart::kWeight ? "rmsnorm_backward_weight_kernel"
+                                : RESID                        ? "rmsnorm_backward_residual_kernel"
+                                                               : "rmsnorm_backward_kernel";
+  const RowLaunch L = row_launch(ceil_div(d, VEC), VEC);
+  auto rows = [&](auto items) {
+    constexpr int ITEMS = decltype(items)::value;
+    if constexpr (ITEMS * VEC <= kMaxRowFloats) {  // other combinations are never selected
+      const dim3 block(L.tx, L.ty);
+      const int64_t groups = ceil_div(n, L.ty);
+      const int64_t g = backward_blocks(rmsnorm_backward_kernel<T, VEC, ITEMS, RESID>, L.tx * L.ty, groups);
+      run_backward(rmsnorm_backward_kernel<T, VEC, ITEMS, RESID, PART>, g, block, dy, x, w, rstd, residual, dx, dw,
+                   n, d, alloc, s, kName);
+    }
+  };
+  switch (L.items) {
+    case 1: rows(std::integral_constant<int, 1>{}); break;
+    case 2: rows(std::integral_constant<int, 2>{}); break;
+    case 4: rows(std::integral_constant<int, 4>{}); break;
+    case 8: rows(std::integral_constant<int, 8>{}); break;
+    default: {
+      const int64_t g = backward_blocks(rmsnorm_backward_stream_kernel<T, VEC, RESID>, kStreamThreads, n);
+      run_backward(rmsnorm_backward_stream_kernel<T, VEC, RESID, PART>, g, dim3(kStreamThreads), dy, x, w, rstd,
+                   residual, dx, dw, n, d, alloc, s, kName);
+    }
+  }
 }
 
+/// The fused backward when dw is given, else its dx part alone (same dx bits).
 template <class T, int VEC, bool RESID>
 void launch_backward(const T* dy, const T* x, const T* w, const float* rstd, const T* residual, T* dx, float* dw,
                      int64_t n, int d, Allocator* alloc, cudaStream_t s) {
-  const RowLaunch L = row_launch(ceil_div(d, VEC), VEC);
-  switch (L.items) {
-    case 1: launch_backward_items<T, VEC, 1, RESID>(L, dy, x, w, rstd, residual, dx, dw, n, d, alloc, s); break;
-    case 2: launch_backward_items<T, VEC, 2, RESID>(L, dy, x, w, rstd, residual, dx, dw, n, d, alloc, s); break;
-    case 4: launch_backward_items<T, VEC, 4, RESID>(L, dy, x, w, rstd, residual, dx, dw, n, d, alloc, s); break;
-    case 8: launch_backward_items<T, VEC, 8, RESID>(L, dy, x, w, rstd, residual, dx, dw, n, d, alloc, s); break;
-    default:
-      run_backward(rmsnorm_backward_stream_kernel<T, VEC, RESID>, dim3(kStreamThreads), n, dy, x, w, rstd, residual,
-                   dx, dw, n, d, alloc, s, RESID ? "rmsnorm_backward_residual_stream_kernel"
-                                                 : "rmsnorm_backward_stream_kernel");
-  }
+  if (dw)
+    launch_backward<T, VEC, RESID, BackwardPart::kAll>(dy, x, w, rstd, residual, dx, dw, n, d, alloc, s);
+  else
+    launch_backward<T, VEC, RESID, BackwardPart::kInput>(dy, x, w, rstd, residual, dx, nullptr, n, d, alloc, s);
 }
 
 // ---- host-side checks ----
 
 /// Validates an RMSNorm call and returns {N, D}. `rows` are the [N, D] tensors (x first) that
-/// must share x's dtype and numel; w [D] shares x's dtype; rstd f32 [N]; dw (when given)
-/// f32 [D]. @throws std::invalid_argument naming the kernel, argument and mismatch.
+/// must share x's dtype and numel; w (when given) [D] shares x's dtype; rstd f32 [N]; dw (when
+/// given) f32 [D]. @throws std::invalid_argument naming the kernel, argument and mismatch.
 struct Dims {
   int64_t n;
   int d;
 };
-Dims check_norm(const char* k, std::initializer_list<std::pair<const char*, const Tensor*>> rows, const Tensor& w,
+Dims check_norm(const char* k, std::initializer_list<std::pair<const char*, const Tensor*>> rows, const Tensor* w,
                 const Tensor& rstd, const Tensor* dw) {
   const Tensor& x = *rows.begin()->second;
   for (const auto& [name, t] : rows) require_defined(*t, k, name);
-  require_defined(w, k, "w");
+  if (w) require_defined(*w, k, "w");
   require_defined(rstd, k, "rstd");
   require(x.ndim() >= 1, k, "x must have a last dimension");
   require_float(x, k, "x");
@@ -424,9 +470,11 @@ Dims check_norm(const char* k, std::initializer_list<std::pair<const char*, cons
             std::string(name) + " must be " + dtype_name(x.dtype()) + " like x, got " + dtype_name(t->dtype()));
     require_numel(*t, n * d, k, name);
   }
-  require(w.dtype() == x.dtype(), k, std::string("w must be ") + dtype_name(x.dtype()) + " like x, got " +
-                                         dtype_name(w.dtype()));
-  require_numel(w, d, k, "w");
+  if (w) {
+    require(w->dtype() == x.dtype(), k, std::string("w must be ") + dtype_name(x.dtype()) + " like x, got " +
+                                            dtype_name(w->dtype()));
+    require_numel(*w, d, k, "w");
+  }
   require_dtype(rstd, DType::kF32, k, "rstd");
   require_numel(rstd, n, k, "rstd");
   if (dw) {
@@ -456,7 +504,7 @@ T* ptr(const Tensor& t) {
 /// [..., D] (f32 or bf16), w [D] (x's dtype), rstd f32 [N] (N = numel / D). One pass over x.
 /// @throws std::invalid_argument on shapes or dtypes.
 void CudaDevice::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
-  const auto [n, d] = check_norm("rmsnorm_forward", {{"x", &x}, {"y", &y}}, w, rstd, nullptr);
+  const auto [n, d] = check_norm("rmsnorm_forward", {{"x", &x}, {"y", &y}}, &w, rstd, nullptr);
   if (n == 0) return;
   const bool vec = vectorizable(d, x.dtype(), {&x, &y, &w});
   MT_DISPATCH_FLOAT(x.dtype(), T, {
@@ -471,7 +519,7 @@ void CudaDevice::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, co
 /// pass over h. h, delta, y [..., D]; w [D]; rstd f32 [N]. @throws std::invalid_argument.
 void CudaDevice::add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const Tensor& w, float eps, const Tensor& y,
                                      const Tensor& rstd) {
-  const auto [n, d] = check_norm("add_rmsnorm_forward", {{"h", &h}, {"delta", &delta}, {"y", &y}}, w, rstd, nullptr);
+  const auto [n, d] = check_norm("add_rmsnorm_forward", {{"h", &h}, {"delta", &delta}, {"y", &y}}, &w, rstd, nullptr);
   if (n == 0) return;
   const bool vec = vectorizable(d, h.dtype(), {&h, &delta, &y, &w});
   MT_DISPATCH_FLOAT(h.dtype(), T, {
@@ -484,39 +532,63 @@ void CudaDevice::add_rmsnorm_forward(const Tensor& h, const Tensor& delta, const
 }
 
 /// dx [..., D] overwritten with ∂(rmsnorm)/∂x · dy; dw f32 [D] accumulates Σ_rows dy ⊙ x · rstd
-/// (deterministic two-stage sum, see the file comment). dy, x, dx, w share one dtype; rstd f32
-/// [N] from the forward. Temporary: [G, D] f32 partials (G ≤ 4 blocks per SM).
-/// @throws std::invalid_argument on shapes or dtypes.
+/// (deterministic two-stage sum, see the file comment), or is skipped when undefined (same dx
+/// bits). dy, x, dx, w share one dtype; rstd f32 [N] from the forward. Temporary: [G, D] f32
+/// partials (G ≤ 4 blocks per SM). @throws std::invalid_argument on shapes or dtypes.
 void CudaDevice::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                   const Tensor& dx, const Tensor& dw) {
-  const auto [n, d] = check_norm("rmsnorm_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, w, rstd, &dw);
+  const Tensor* dwp = dw.defined() ? &dw : nullptr;
+  const auto [n, d] = check_norm("rmsnorm_backward", {{"x", &x}, {"dy", &dy}, {"dx", &dx}}, &w, rstd, dwp);
   if (n == 0) return;
   const bool vec = vectorizable(d, x.dtype(), {&x, &dy, &dx, &w});
+  float* dwf = dwp ? dw.f32() : nullptr;
   MT_DISPATCH_FLOAT(x.dtype(), T, {
     if (vec)
-      launch_backward<T, kVec<T>, false>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), nullptr, ptr<T>(dx), dw.f32(),
-                                         n, d, allocator(), compute_);
+      launch_backward<T, kVec<T>, false>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), nullptr, ptr<T>(dx), dwf, n,
+                                         d, allocator(), compute_);
     else
-      launch_backward<T, 1, false>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), nullptr, ptr<T>(dx), dw.f32(), n, d,
+      launch_backward<T, 1, false>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), nullptr, ptr<T>(dx), dwf, n, d,
                                    allocator(), compute_);
   });
 }
 
-/// rmsnorm_backward with dx = residual + ∂(rmsnorm)/∂x · dy; dx may alias residual.
-/// @throws std::invalid_argument on shapes or dtypes.
+/// rmsnorm_backward with dx = residual + ∂(rmsnorm)/∂x · dy; dx may alias residual; an
+/// undefined dw is skipped. @throws std::invalid_argument on shapes or dtypes.
 void CudaDevice::rmsnorm_backward_residual(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                                            const Tensor& residual, const Tensor& dx, const Tensor& dw) {
+  const Tensor* dwp = dw.defined() ? &dw : nullptr;
   const auto [n, d] = check_norm("rmsnorm_backward_residual",
-                                 {{"x", &x}, {"dy", &dy}, {"residual", &residual}, {"dx", &dx}}, w, rstd, &dw);
+                                 {{"x", &x}, {"dy", &dy}, {"residual", &residual}, {"dx", &dx}}, &w, rstd, dwp);
   if (n == 0) return;
   const bool vec = vectorizable(d, x.dtype(), {&x, &dy, &residual, &dx, &w});
+  float* dwf = dwp ? dw.f32() : nullptr;
   MT_DISPATCH_FLOAT(x.dtype(), T, {
     if (vec)
       launch_backward<T, kVec<T>, true>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), ptr<T>(residual), ptr<T>(dx),
-                                        dw.f32(), n, d, allocator(), compute_);
+                                        dwf, n, d, allocator(), compute_);
     else
-      launch_backward<T, 1, true>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), ptr<T>(residual), ptr<T>(dx),
-                                  dw.f32(), n, d, allocator(), compute_);
+      launch_backward<T, 1, true>(ptr<T>(dy), ptr<T>(x), ptr<T>(w), rstd.f32(), ptr<T>(residual), ptr<T>(dx), dwf, n,
+                                  d, allocator(), compute_);
+  });
+}
+
+/// dw f32 [D] accumulates Σ_rows dy ⊙ x · rstd alone: the backward kernel's dw part on the
+/// fused kernel's block shape and grid (the vector width chosen from dy's and x's alignment),
+/// so it matches the fused dw bitwise whenever the fused call vectorized alike (its w, dx and
+/// residual as aligned as dy and x, as freshly allocated activations and parameter views with
+/// 16-byte offsets are). dy, x [..., D] share one dtype; rstd f32 [N].
+/// @throws std::invalid_argument on shapes or dtypes.
+void CudaDevice::rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) {
+  const auto [n, d] = check_norm("rmsnorm_backward_weight", {{"x", &x}, {"dy", &dy}}, nullptr, rstd, &dw);
+  if (n == 0) return;
+  const bool vec = vectorizable(d, x.dtype(), {&x, &dy});
+  MT_DISPATCH_FLOAT(x.dtype(), T, {
+    if (vec)
+      launch_backward<T, kVec<T>, kWeightGrid, BackwardPart::kWeight>(
+          ptr<T>(dy), ptr<T>(x), nullptr, rstd.f32(), nullptr, nullptr, dw.f32(), n, d, allocator(), compute_);
+    else
+      launch_backward<T, 1, kWeightGrid, BackwardPart::kWeight>(ptr<T>(dy), ptr<T>(x), nullptr, rstd.f32(), nullptr,
+                                                                nullptr, dw.f32(), n, d, allocator(), compute_);
   });
 }
 

@@ -75,7 +75,8 @@ Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Ten
   Device& dev = *ctx.dev;
   dev.rope(dq, ctx.rope_cos, ctx.rope_sin, true);  // RoPE is orthogonal: its adjoint is the inverse rotation
   Tensor d2 = dq.reshape({dq.numel() / head_dim_, head_dim_});
-  if (qk_norm_) d2 = rmsnorm_backward(dev, saved, d2, norm);
+  // d2 is dq after the in-place inverse rotation: what the norm's (possibly deferred) dW reads.
+  if (qk_norm_) d2 = rmsnorm_backward(ctx, saved, d2, norm);
   return d2.reshape({ctx.batch * ctx.seq_len, heads * head_dim_});
 }
 
@@ -85,7 +86,7 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
   Tensor lse = saved.pop(), o = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop(), x = saved.pop();
   const int64_t n = x.dim(0);
   Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
-  Tensor d_o = linear_backward(dev, dout, o2, wo).reshape(q.shape());
+  Tensor d_o = linear_backward(ctx, dout, o2, wo).reshape(q.shape());
   Tensor dq = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
   Tensor dk = dev.empty(k.shape(), k.dtype(), MemCategory::kActivations);
   Tensor dv = dev.empty(v.shape(), v.dtype(), MemCategory::kActivations);
@@ -93,9 +94,9 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
   // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
   Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);
   Tensor dq2 = project_qk_backward(ctx, saved, dq, q_norm, n_heads_);
-  Tensor dx = linear_backward(dev, dq2, x, wq);
-  linear_backward(dev, dk2, x, wk, &dx);
-  linear_backward(dev, dv.reshape({n, n_kv_heads_ * head_dim_}), x, wv, &dx);
+  Tensor dx = linear_backward(ctx, dq2, x, wq);
+  linear_backward(ctx, dk2, x, wk, &dx);
+  linear_backward(ctx, dv.reshape({n, n_kv_heads_ * head_dim_}), x, wv, &dx);
   return tp_exit(dev, ctx.tp, dx);
 }
 

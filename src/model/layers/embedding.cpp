@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "model/layers/primitives.hpp"
+#include "model/weight_grad_queue.hpp"
 
 namespace meshtrain {
 
@@ -22,7 +23,13 @@ Tensor Embedding::forward(StepContext& ctx, SavedTensors&, const Tensor&) {
 }
 
 Tensor Embedding::backward(StepContext& ctx, SavedTensors&, const Tensor& dout) {
-  ctx.dev->embedding_backward(tp_enter(*ctx.dev, ctx.tp, dout), ctx.tokens, weight.grad, weight.sharding.tp_first);
+  // The all-gather (a collective every tp rank joins in order) stays here; only the
+  // scatter-add into the weight gradient may be deferred.
+  const Tensor grad_out = tp_enter(*ctx.dev, ctx.tp, dout);
+  if (ctx.defer_weight_grads)
+    ctx.defer_weight_grads->embedding(grad_out, ctx.tokens, weight, weight.sharding.tp_first);
+  else
+    ctx.dev->embedding_backward(grad_out, ctx.tokens, weight.grad, weight.sharding.tp_first);
   return Tensor();
 }
 
@@ -59,8 +66,9 @@ Tensor OutputHead::forward(StepContext& ctx, SavedTensors& saved, const Tensor& 
 Tensor OutputHead::backward(StepContext& ctx, SavedTensors& saved, const Tensor&) {
   Device& dev = *ctx.dev;
   Tensor dlogits = saved.pop(), h = saved.pop();
-  Tensor dh = tp_exit(dev, ctx.tp, linear_backward(dev, dlogits, h, out_weight()));
-  return rmsnorm_backward(dev, saved, dh, norm);
+  // dlogits is the logits buffer the loss overwrote with its gradient in forward.
+  Tensor dh = tp_exit(dev, ctx.tp, linear_backward(ctx, dlogits, h, out_weight()));
+  return rmsnorm_backward(ctx, saved, dh, norm);
 }
 
 }  // namespace meshtrain

@@ -35,12 +35,12 @@ Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor
   Device& dev = *ctx.dev;
   const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   Tensor h = saved.pop(), b = saved.pop(), a = saved.pop(), x = saved.pop();
-  Tensor dh = linear_backward(dev, dout, h, w2);
+  Tensor dh = linear_backward(ctx, dout, h, w2);
   Tensor da = dev.empty(a.shape(), dh.dtype(), MemCategory::kActivations);
   Tensor db = dev.empty(b.shape(), dh.dtype(), MemCategory::kActivations);
   dev.swiglu_backward(dh, a, b, da, db);
-  Tensor dx = linear_backward(dev, da, x, w1);
-  linear_backward(dev, db, x, w3, &dx);
+  Tensor dx = linear_backward(ctx, da, x, w1);
+  linear_backward(ctx, db, x, w3, &dx);
   return tp_exit(dev, ctx.tp, dx);
 }
 

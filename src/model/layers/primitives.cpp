@@ -1,5 +1,9 @@
 #include "model/layers/primitives.hpp"
 
+#include <stdexcept>
+
+#include "model/weight_grad_queue.hpp"
+
 namespace meshtrain {
 
 Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat) {
@@ -9,10 +13,14 @@ Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCateg
   return y;
 }
 
-Tensor linear_backward(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w,
+Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
                        const Tensor* accumulate_dx) {
+  Device& dev = *ctx.dev;
   const Tensor& wc = w.compute_value();
-  dev.matmul(dy, true, x, false, w.grad, 1.0f, 1.0f);
+  if (ctx.defer_weight_grads)
+    ctx.defer_weight_grads->linear(dy, x, w);
+  else
+    dev.matmul(dy, true, x, false, w.grad, 1.0f, 1.0f);
   if (accumulate_dx) {
     dev.matmul(dy, false, wc, false, *accumulate_dx, 1.0f, 1.0f);
     return *accumulate_dx;
@@ -32,11 +40,27 @@ Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const 
   return y;
 }
 
-Tensor rmsnorm_backward(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w) {
+namespace {
+// The weight gradient the fused RMSNorm kernels accumulate into: w.grad, or nothing (an
+// undefined tensor) when the term is deferred — recorded here with the operands it reads.
+// An unbound w.grad must not reach the kernels, which would take it for "deferred".
+Tensor norm_weight_grad(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                        const Parameter& w) {
+  if (!ctx.defer_weight_grads) {
+    if (!w.grad.defined()) throw std::logic_error("rmsnorm backward: " + w.name + " has no gradient bound");
+    return w.grad;
+  }
+  ctx.defer_weight_grads->rmsnorm(dy, x, rstd, w);
+  return Tensor();
+}
+}  // namespace
+
+Tensor rmsnorm_backward(const StepContext& ctx, SavedTensors& saved, const Tensor& dy, const Parameter& w) {
+  Device& dev = *ctx.dev;
   Tensor rstd = saved.pop();
   Tensor x = saved.pop();
   Tensor dx = dev.empty(x.shape(), x.dtype(), MemCategory::kActivations);
-  dev.rmsnorm_backward(dy, x, w.compute_value(), rstd, dx, w.grad);
+  dev.rmsnorm_backward(dy, x, w.compute_value(), rstd, dx, norm_weight_grad(ctx, dy, x, rstd, w));
   return dx;
 }
 
@@ -51,12 +75,13 @@ Tensor add_rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& h, co
   return y;
 }
 
-Tensor rmsnorm_backward_residual(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w,
+Tensor rmsnorm_backward_residual(const StepContext& ctx, SavedTensors& saved, const Tensor& dy, const Parameter& w,
                                  const Tensor& residual) {
+  Device& dev = *ctx.dev;
   Tensor rstd = saved.pop();
   Tensor x = saved.pop();
   Tensor dx = dev.empty(x.shape(), x.dtype(), MemCategory::kActivations);
-  dev.rmsnorm_backward_residual(dy, x, w.compute_value(), rstd, residual, dx, w.grad);
+  dev.rmsnorm_backward_residual(dy, x, w.compute_value(), rstd, residual, dx, norm_weight_grad(ctx, dy, x, rstd, w));
   return dx;
 }
 

@@ -1,27 +1,32 @@
 #pragma once
 /// @file Shared building blocks of the layers: linear maps (y = x·Wᵀ, Wᵀ stored as PyTorch's
-/// [out, in]) and RMSNorm, each with its backward.
+/// [out, in]) and RMSNorm, each with its backward. The backward functions read the device and
+/// the split-backward switch from the step context: with ctx.defer_weight_grads set they
+/// compute the input gradient only and record the weight term there (weight_grad_queue.hpp).
 #include "model/layer.hpp"
 
 namespace meshtrain {
 
 /// y [N, out] = x [N, in] · Wᵀ, W [out, in].
 Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat = MemCategory::kActivations);
-/// dx [N, in] = dy · W (or, when accumulate_dx is given, dx += dy · W); dW += dyᵀ · x.
-Tensor linear_backward(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w,
+/// dx [N, in] = dy · W (or, when accumulate_dx is given, dx += dy · W); dW += dyᵀ · x, or that
+/// term deferred. dy [N, out], x [N, in] (the forward's input), W [out, in].
+Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
                        const Tensor* accumulate_dx = nullptr);
 
 /// RMSNorm over the last dim of x [N, D] with weight [D]; pushes x and rstd.
 Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const Parameter& w, float eps);
-/// Pops what rmsnorm_forward pushed; returns dx [N, D], accumulates dW.
-Tensor rmsnorm_backward(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w);
+/// Pops what rmsnorm_forward pushed; returns dx [N, D] from dy [N, D]; accumulates dW [D] (or
+/// defers it).
+Tensor rmsnorm_backward(const StepContext& ctx, SavedTensors& saved, const Tensor& dy, const Parameter& w);
 /// The residual add fused with the next RMSNorm: h [N, D] += delta (in place), returns
 /// rmsnorm(h) [N, D]; pushes h and rstd like rmsnorm_forward.
 Tensor add_rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& h, const Tensor& delta, const Parameter& w,
                            float eps);
 /// Pops what add_rmsnorm_forward pushed; returns residual + ∂rmsnorm/∂h · dy [N, D] (the
-/// gradient reaching h from both the norm and the residual branch); accumulates dW.
-Tensor rmsnorm_backward_residual(Device& dev, SavedTensors& saved, const Tensor& dy, const Parameter& w,
+/// gradient reaching h from both the norm and the residual branch); accumulates dW (or defers
+/// it).
+Tensor rmsnorm_backward_residual(const StepContext& ctx, SavedTensors& saved, const Tensor& dy, const Parameter& w,
                                  const Tensor& residual);
 
 }  // namespace meshtrain

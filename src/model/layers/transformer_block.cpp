@@ -34,10 +34,9 @@ Tensor TransformerBlock::forward(StepContext& ctx, SavedTensors& saved, const Te
 }
 
 Tensor TransformerBlock::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) {
-  Device& dev = *ctx.dev;
   // Each norm's gradient is fused with the residual branch's: dh = dout + ∂ffn_norm·dffn.
-  Tensor dh = rmsnorm_backward_residual(dev, saved, feed_forward.backward(ctx, saved, dout), ffn_norm, dout);
-  return rmsnorm_backward_residual(dev, saved, attention.backward(ctx, saved, dh), attention_norm, dh);
+  Tensor dh = rmsnorm_backward_residual(ctx, saved, feed_forward.backward(ctx, saved, dout), ffn_norm, dout);
+  return rmsnorm_backward_residual(ctx, saved, attention.backward(ctx, saved, dh), attention_norm, dh);
 }
 
 }  // namespace meshtrain
