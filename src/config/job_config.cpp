@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "config/option_registry.hpp"
+#include "config/pipeline_plan.hpp"
 #include "config/toml_value.hpp"
 #include "util/errors.hpp"
 
@@ -177,9 +178,7 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
     if (d.tp > 1 && (d.tp - 1) * ((extent + d.tp - 1) / d.tp) >= extent)
       fail(*this, key, std::string(what) + " " + str(extent) + " leaves tp rank " + str(d.tp - 1) + " of " +
                            str(d.tp) + " nothing to hold (split in chunks of ceil(" + what + " / tp) rows)");
-  if (d.pp > a.n_layers)
-    fail(*this, "parallelism.pipeline_parallel_degree",
-         "pp " + str(d.pp) + " exceeds n_layers " + str(a.n_layers) + " (each pipeline stage needs a layer)");
+  if (d.pp > 1) pipeline_stages(d);  // TorchTitan's split: every stage needs a share of the model
   // The model families are dense: ep > 1 has no experts to shard (num_experts % ep, MoE needs pp = 1).
   if (d.ep > 1)
     fail(*this, "parallelism.expert_parallel_degree",
@@ -204,6 +203,8 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
     fail(*this, "parallelism.fsdp_reshard_after_forward",
          "\"" + parallelism.fsdp_reshard_after_forward + "\" applies to sharded parameters (zero_stage 3), but zero_stage is " +
              str(parallelism.zero_stage) + " (parameters stay replicated)");
+  // The plan's own rules first, so that a pp deck that could never run says why.
+  if (d.pp > 1) pipeline_plan(d);
   if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
   if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")

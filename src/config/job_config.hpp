@@ -13,6 +13,9 @@
 
 namespace meshtrain {
 
+struct PipelinePlan;  // config/pipeline_plan.hpp
+struct StageLayers;   // parallel/pipeline/stage_split.hpp
+
 /// [job]
 struct JobSection {
   std::string dump_folder;   ///< run output folder; "" means checkpoint/<deck name>/
@@ -77,6 +80,22 @@ struct ParallelismSection {
   int64_t data_parallel_shard_degree = -1;  ///< -1 fills world / (other degrees)
   int64_t tensor_parallel_degree = 1;
   int64_t pipeline_parallel_degree = 1;
+  /// Pipeline stages (TorchTitan's split, parallel/pipeline/stage_split.hpp): the embedding
+  /// counts as first_stage_less_layers blocks of the first stage, norm + output as
+  /// last_stage_less_layers blocks of the last one.
+  int64_t pipeline_parallel_first_stage_less_layers = 1;
+  int64_t pipeline_parallel_last_stage_less_layers = 1;
+  /// Blocks per stage; sets the number of stages ⌈(n_layers + first + last) / K⌉. Unset
+  /// (TorchTitan's None): 1 stage per rank for GPipe / 1F1B, 2 for the multi-stage schedules.
+  std::optional<int64_t> pipeline_parallel_layers_per_stage;
+  /// Schedule by TorchTitan's name (parallel/pipeline/schedule.hpp, schedule_names()).
+  std::string pipeline_parallel_schedule = "1F1B";
+  /// CSV file of every rank's action list (parallel/pipeline/schedule_csv.hpp); "" = generate
+  /// the schedule. When set, the actions come from the file, while pipeline_parallel_schedule
+  /// still sets the stages per rank and their placement (TorchTitan v0.2.2's pipeline_llm).
+  std::string pipeline_parallel_schedule_csv;
+  /// Samples per pipeline micro-batch; micro-batches per round m = local_batch_size / this.
+  int64_t pipeline_parallel_microbatch_size = 1;
   int64_t context_parallel_degree = 1;
   int64_t expert_parallel_degree = 1;
   /// Sharded data parallelism over the dp_shard group (Rajbhandari et al. 2020, ZeRO): 1 shards
@@ -211,15 +230,30 @@ struct JobConfig {
   /// Checks every cross-key rule for a run on `world_size` ranks and resolves the degrees:
   /// dp_replicate × dp_shard × cp × tp × pp == world_size (dp_shard = -1 fills),
   /// n_heads % tp, n_kv_heads % tp, n_heads % n_kv_heads, seq_len % (2·cp) when cp > 1,
-  /// global_batch % (local_batch × dp), num_experts % ep, MoE requires pp = 1; degrees and
-  /// options not implemented yet are rejected with "not implemented yet", and so is the first of
-  /// `refusals` (TorchTitan keys, doc/torchtitan-compat.md).
+  /// global_batch % (local_batch × dp), num_experts % ep, MoE requires pp = 1, the pipeline
+  /// stage split, and with pp > 1 the whole pipeline_plan() (schedule, micro-batches, CSV); degrees
+  /// and options not implemented yet are rejected with "not implemented yet", and so is the first
+  /// of `refusals` (TorchTitan keys, doc/torchtitan-compat.md).
   /// @throws ConfigError `FILE:LINE: [section] key: what is wrong (rule)`.
   ParallelDims validate(int64_t world_size) const;
   /// The arithmetic and model-compatibility rules of validate() only (no "not implemented yet"
-  /// checks): what `meshtrain layout` needs to lay out any published configuration.
+  /// checks, no pipeline schedule or micro-batch rule, only its stage split): what `meshtrain
+  /// layout` needs to lay out any published configuration.
   /// @throws ConfigError as validate().
   ParallelDims validate_layout(int64_t world_size) const;
+
+  /// The pipeline plan of a validated run (config/pipeline_plan.hpp): the schedule (generated
+  /// from pipeline_parallel_schedule, or read from pipeline_parallel_schedule_csv), the stage
+  /// split and the micro-batches per round. pp == 1: one stage holding the whole model, one
+  /// micro-batch of local_batch_size samples and an empty schedule. validate() calls it.
+  /// @throws ConfigError `FILE:LINE: [parallelism] key: rule` for local_batch_size not divisible
+  ///         by the micro-batch size, a schedule rule (1F1B: m ≥ pp, ...), a stage count that
+  ///         does not divide by pp or that the model cannot fill, and a CSV file that is missing,
+  ///         does not parse or validate, or disagrees with the deck's pp, stages or m.
+  PipelinePlan pipeline_plan(const ParallelDims& dims) const;
+  /// The stage split alone, [pp × stages per rank] (no schedule, no batch rule): what
+  /// validate_layout() checks. @throws ConfigError as pipeline_plan() for the split rules.
+  std::vector<StageLayers> pipeline_stages(const ParallelDims& dims) const;
 
   /// Gradient-accumulation steps per optimizer step: global_batch / (local_batch × dp).
   int64_t grad_accum_steps(const ParallelDims& dims) const;

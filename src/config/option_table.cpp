@@ -6,6 +6,7 @@
 
 #include "config/option_table.hpp"
 #include "config/toml_value.hpp"
+#include "parallel/pipeline/schedule.hpp"
 
 namespace meshtrain {
 
@@ -256,7 +257,31 @@ std::vector<Option> build_option_table() {
     s.integer("tensor_parallel_degree", &ParallelismSection::tensor_parallel_degree,
               "tensor-parallel degree: column / row parallel attention and FFN, vocab-parallel embedding and output", 1);
     s.integer("pipeline_parallel_degree", &ParallelismSection::pipeline_parallel_degree,
-              "pipeline stages (> 1 not implemented yet)", 1);
+              "pipeline-parallel ranks: the model is cut into stages, one or more per rank (the "
+              "pipeline_parallel_* keys below)",
+              1);
+    s.integer("pipeline_parallel_first_stage_less_layers", &ParallelismSection::pipeline_parallel_first_stage_less_layers,
+              "pp > 1: the embedding counts as this many blocks when the blocks are split over the stages "
+              "(the first stage gets fewer)",
+              0);
+    s.integer("pipeline_parallel_last_stage_less_layers", &ParallelismSection::pipeline_parallel_last_stage_less_layers,
+              "pp > 1: norm + output count as this many blocks when the blocks are split over the stages "
+              "(the last stage gets fewer)",
+              0);
+    s.optional("pipeline_parallel_layers_per_stage", &ParallelismSection::pipeline_parallel_layers_per_stage,
+               "pp > 1: blocks per stage; the stages number ceil((n_layers + first_stage_less_layers + "
+               "last_stage_less_layers) / this), a multiple of pp (unset: 1 per rank, 2 for the multi-stage schedules)",
+               "(unset)", 1);
+    s.str("pipeline_parallel_schedule", &ParallelismSection::pipeline_parallel_schedule,
+          "pp > 1: order of the micro-batches' forwards and backwards on each rank (doc/parallelism.md); also "
+          "sets the stages per rank and their placement when pipeline_parallel_schedule_csv gives the actions",
+          schedule_names());
+    s.str("pipeline_parallel_schedule_csv", &ParallelismSection::pipeline_parallel_schedule_csv,
+          "pp > 1: CSV file of every rank's actions (one line per rank: 0F0,0F1,0B0,...) used instead of "
+          "generating pipeline_parallel_schedule's; \"\" = generate",
+          {}, "path");
+    s.integer("pipeline_parallel_microbatch_size", &ParallelismSection::pipeline_parallel_microbatch_size,
+              "pp > 1: samples per micro-batch; local_batch_size / this micro-batches per pipeline round", 1);
     s.integer("context_parallel_degree", &ParallelismSection::context_parallel_degree,
               "context-parallel degree, ring attention (> 1 not implemented yet)", 1);
     s.integer("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,

@@ -9,8 +9,8 @@
 //  - a switch that asks for a feature meshtrain lacks is refused when on, "not implemented yet"
 //    (enable_async_tensor_parallel = true), and honoured when off;
 //  - a key that only tunes a feature meshtrain lacks or has no use for (the float8 recipe, the
-//    pipeline schedule, torch.compile's backend, the Python GC) gets a notice whatever its value:
-//    TorchTitan itself ignores such keys while their feature is off;
+//    context-parallel load balancer, torch.compile's backend, the Python GC) gets a notice
+//    whatever its value: TorchTitan itself ignores such keys while their feature is off;
 //  - a value that cannot mean anything here is refused with the reason (a Python module to import).
 #include <algorithm>
 #include <utility>
@@ -142,7 +142,6 @@ class Table {
   }
 };
 
-const std::string kPp = "applies only with pipeline_parallel_degree > 1 (pipeline parallelism is not implemented yet)";
 const std::string kCp = "applies only with context_parallel_degree > 1 (context parallelism is not implemented yet)";
 const std::string kMoe =
     "applies only to Mixture-of-Experts models (not implemented yet); llama3 and qwen3 are dense";
@@ -313,15 +312,20 @@ Table build_table() {
   t.boolean("enable_async_tensor_parallel", "false",
             refused_if_true("asynchronous tensor parallelism is not implemented yet"));
   t.shared("pipeline_parallel_degree", "1", honoured("> 1: refused (pipeline parallelism is not implemented yet)"));
-  Option& parts = t.list("module_fqns_per_model_part", "None", notice(kPp));
+  Option& parts = t.list("module_fqns_per_model_part", "None",
+                         refused_when_set("explicit module lists per stage are not implemented yet (the blocks are "
+                                          "split by pipeline_parallel_layers_per_stage and the _less_layers weights)"));
   parts.nested = true;
-  t.integer("pipeline_parallel_first_stage_less_layers", "1", notice(kPp), 0);
-  t.integer("pipeline_parallel_last_stage_less_layers", "1", notice(kPp), 0);
-  t.integer("pipeline_parallel_layers_per_stage", "None", notice(kPp), 1);
-  t.str("pipeline_parallel_schedule", "\"1F1B\"", notice(kPp));
-  t.str("pipeline_parallel_schedule_csv", "\"\"", notice(kPp));
-  t.integer("pipeline_parallel_microbatch_size", "1", notice(kPp), 1);
-  t.boolean("pipeline_parallel_expert_parallel_overlap", "true", notice(kPp));
+  t.shared("pipeline_parallel_first_stage_less_layers", "1");
+  t.shared("pipeline_parallel_last_stage_less_layers", "1");
+  t.shared("pipeline_parallel_layers_per_stage", "None");
+  t.shared("pipeline_parallel_schedule", "\"1F1B\"",
+           honoured("PyTorch's other schedule classes (LoopedBFS, DualPipeV, PipelineScheduleSingle / Multi) are not "
+                    "allowed"));
+  t.shared("pipeline_parallel_schedule_csv", "\"\"",
+           honoured("pipeline_parallel_schedule still sets the stages per rank and their placement, as in TorchTitan"));
+  t.shared("pipeline_parallel_microbatch_size", "1");
+  t.boolean("pipeline_parallel_expert_parallel_overlap", "true", notice(kMoe));
   t.shared("context_parallel_degree", "1", honoured("> 1: refused (context parallelism is not implemented yet)"));
   t.str("context_parallel_load_balancer", "\"headtail\"", notice(kCp)).rule = [](const OptionValue& v) {
     return v.text.empty() ? std::string("must not be empty (leave the key unset for no load balancing)") : "";

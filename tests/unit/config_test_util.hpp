@@ -29,8 +29,9 @@ data_parallel_replicate_degree = 1
 data_parallel_shard_degree = -1
 )";
 
-// Writes `text` to a fresh file under the temp folder (removed when the test process ends).
-inline std::string write_deck(const std::string& text) {
+// Writes `text` to a fresh file named deck<N><ext> under the temp folder (removed when the test
+// process ends); other extensions hold the files a deck names (a schedule CSV).
+inline std::string write_deck(const std::string& text, const std::string& ext = ".toml") {
   static int n = 0;
   static const std::filesystem::path dir = [] {
     auto d = std::filesystem::temp_directory_path() / ("meshtrain_config_test_" + std::to_string(::getpid()));
@@ -42,7 +43,7 @@ inline std::string write_deck(const std::string& text) {
     });
     return d;
   }();
-  const auto p = dir / ("deck" + std::to_string(n++) + ".toml");
+  const auto p = dir / ("deck" + std::to_string(n++) + ext);
   std::ofstream(p, std::ios::binary) << text;
   return p.string();
 }

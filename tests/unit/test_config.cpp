@@ -250,8 +250,10 @@ BOOST_AUTO_TEST_CASE(model_and_batch_rules_name_the_responsible_key) {
   BOOST_TEST(has(error_of(b, with({"--parallelism.tensor_parallel_degree=4", "--model.vocab_size=5"}), 4),
                  "[model] vocab_size: vocab_size 5 leaves tp rank 3 of 4 nothing to hold"));
   BOOST_TEST(error_of(b, with({"--parallelism.tensor_parallel_degree=4", "--model.vocab_size=515"}), 4) == "");
-  BOOST_TEST(has(error_of(b, with({"--parallelism.pipeline_parallel_degree=8"}), 8),
-                 "[parallelism] pipeline_parallel_degree: pp 8 exceeds n_layers 6"));
+  // Pipeline stages follow TorchTitan's split (more in test_config_pipeline.cpp): 6 blocks, the
+  // embedding and the head fill at most 8 stages.
+  BOOST_TEST(has(error_of(b, with({"--parallelism.pipeline_parallel_degree=9"}), 9),
+                 "[parallelism] pipeline_parallel_degree: 9 stages for 8 effective layers"));
   BOOST_TEST(has(error_of(b, {"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_replicate_degree=2"}, 2),
                  "[parallelism] expert_parallel_degree: expert parallelism needs a Mixture-of-Experts model (num_experts % ep == 0)"));
   BOOST_TEST(has(error_of(b, {"--training.global_batch_size=6", "--parallelism.data_parallel_replicate_degree=2"}, 2),
@@ -314,7 +316,6 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--parallelism.pipeline_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] pipeline_parallel_degree: pipeline parallelism"},
       {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},
       {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},

@@ -1,0 +1,104 @@
+#include "config/pipeline_plan.hpp"
+
+#include <filesystem>
+#include <string>
+
+#include "config/option_registry.hpp"
+#include "parallel/pipeline/schedule_csv.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+const char* kCsvKey = "parallelism.pipeline_parallel_schedule_csv";
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// validate()'s message form: `ORIGIN: [section] key: what`, ORIGIN being where the key was set.
+[[noreturn]] void fail(const JobConfig& c, const std::string& dotted, const std::string& what) {
+  throw ConfigError(c.origin_of(dotted) + ": " + key_label(dotted) + what);
+}
+
+// The pipeline module's errors start with the deck key they are about ("[parallelism] key: ..."
+// or "[parallelism] key = value: ..."); the user needs to know where that key was set.
+[[noreturn]] void rethrow(const JobConfig& c, const ScheduleError& e) {
+  const std::string msg = e.what(), section = "[parallelism] ";
+  if (msg.rfind(section, 0) == 0) {
+    const size_t end = msg.find_first_of(" :=", section.size());
+    const std::string dotted = "parallelism." + msg.substr(section.size(), end - section.size());
+    if (find_option(dotted)) throw ConfigError(c.origin_of(dotted) + ": " + msg);
+  }
+  fail(c, "parallelism.pipeline_parallel_degree", msg);
+}
+
+// pipeline_parallel_schedule_csv's lists for the deck's stages per rank `v`, pp and m: the
+// placement still follows pipeline_parallel_schedule, as TorchTitan's pipeline_module_split
+// places stages by the schedule name whether or not a CSV file replaces its actions.
+PipelineSchedule csv_schedule(const JobConfig& c, int pp, int v, int m) {
+  const std::string& path = c.parallelism.pipeline_parallel_schedule_csv;
+  const std::string& name = c.parallelism.pipeline_parallel_schedule;
+  const std::string deck = "the deck gives pp " + str(pp) + " × " + str(v) + " stage" + (v == 1 ? "" : "s") +
+                           " per rank (" + name + ") = " + str(pp * v) + " stages and " + str(m) +
+                           " micro-batches per round (local_batch_size / pipeline_parallel_microbatch_size)";
+  if (!std::filesystem::is_regular_file(path)) fail(c, kCsvKey, "'" + path + "' does not exist or is not a file");
+  // make_schedule()'s placement: only ZB-V folds its stages into a V.
+  const StagePlacement placement = name == "ZBVZeroBubble" ? StagePlacement::kV : StagePlacement::kLoop;
+  PipelineSchedule s;
+  try {
+    s = read_schedule_csv(path, v, placement);
+  } catch (const ScheduleError& e) {
+    fail(c, kCsvKey, std::string(e.what()) + " (" + deck + ")");
+  }
+  if (s.pp != pp) fail(c, kCsvKey, path + " has " + str(s.pp) + " rank lines, but " + deck);
+  if (s.microbatches != m)
+    fail(c, kCsvKey, path + " schedules " + str(s.microbatches) + " micro-batches, but " + deck);
+  return s;
+}
+
+}  // namespace
+
+std::vector<StageLayers> JobConfig::pipeline_stages(const ParallelDims& d) const {
+  const int64_t n_layers = model_args().n_layers;
+  const ParallelismSection& p = parallelism;
+  const int64_t first = p.pipeline_parallel_first_stage_less_layers, last = p.pipeline_parallel_last_stage_less_layers;
+  if (d.pp == 1) return split_stages(1, n_layers, first, last);  // TorchTitan ignores the pp keys here
+  try {
+    const int v = stages_per_rank_for(p.pipeline_parallel_schedule, int(d.pp), n_layers,
+                                      p.pipeline_parallel_layers_per_stage.value_or(0), first, last);
+    return split_stages(int(d.pp) * v, n_layers, first, last);
+  } catch (const ScheduleError& e) {
+    rethrow(*this, e);
+  }
+}
+
+PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d) const {
+  PipelinePlan plan;
+  const int64_t local = training.local_batch_size;
+  if (d.pp == 1) {  // no pipeline: the whole local batch is one micro-batch of the one stage
+    plan.stages = pipeline_stages(d);
+    plan.microbatch_size = local;
+    return plan;
+  }
+  const int64_t mbs = parallelism.pipeline_parallel_microbatch_size;
+  if (local % mbs)
+    fail(*this, "parallelism.pipeline_parallel_microbatch_size",
+         str(mbs) + " does not divide [training] local_batch_size " + str(local) +
+             " (micro-batches per round = local_batch_size / pipeline_parallel_microbatch_size)");
+  plan.microbatch_size = mbs;
+  plan.microbatches = local / mbs;
+  plan.stages = pipeline_stages(d);
+  const int pp = int(d.pp), v = int(plan.stages.size()) / pp, m = int(plan.microbatches);
+  if (!parallelism.pipeline_parallel_schedule_csv.empty()) {
+    plan.schedule = csv_schedule(*this, pp, v, m);
+    return plan;
+  }
+  try {
+    plan.schedule = make_schedule(parallelism.pipeline_parallel_schedule, pp, m, v);
+  } catch (const ScheduleError& e) {
+    rethrow(*this, e);
+  }
+  return plan;
+}
+
+}  // namespace meshtrain
