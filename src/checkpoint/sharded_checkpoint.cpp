@@ -19,6 +19,7 @@
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
+#include "model/parameter_catalog.hpp"
 #include "comm/mpi/mpi_chunking.hpp"
 #include "util/errors.hpp"
 
@@ -358,12 +359,16 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
     // Dataset handles stay open until every rank has written: H5Dopen / H5Dclose of a dataset
     // being written are collective in parallel HDF5, so they are created and closed by all ranks
     // in the same order.
+    // Every rank creates every dataset, also those of parameters it does not hold (pipeline
+    // stages): the catalog lists the whole model from its arguments.
     std::map<std::string, Handle> datasets;
-    for (Parameter* p : model.parameters()) {
-      datasets.emplace("/model/" + p->name, create_dataset(file.id, "/model/" + p->name, p->shape, path));
+    const ParameterCatalog catalog(model.args(), model.tensor_parallel());
+    for (const CatalogEntry& e : catalog.entries()) {
+      const Parameter& p = e.meta;
+      datasets.emplace("/model/" + p.name, create_dataset(file.id, "/model/" + p.name, p.shape, path));
       if (meta.model_only) continue;
-      for (const std::string& name : {state_name(*p, "exp_avg"), state_name(*p, "exp_avg_sq")})
-        datasets.emplace(name, create_dataset(file.id, name, p->shape, path));
+      for (const std::string& name : {state_name(p, "exp_avg"), state_name(p, "exp_avg_sq")})
+        datasets.emplace(name, create_dataset(file.id, name, p.shape, path));
     }
     // Shard data: independent writes of this rank's hyperslabs, each checksummed.
     std::string checksums;
@@ -372,7 +377,9 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
     for (size_t i = 0; i < shards.size() && error.empty(); ++i) {
       const LocalShard& ls = shards[i];
       const int64_t n = ls.value.numel();
-      const bool writes = role.dp_primary && (ls.param->sharding.tp_dim >= 0 || role.tp_primary);
+      // A tied embedding's copy on the last pipeline stage equals the first stage's, which writes it.
+      const bool writes = role.dp_primary && (ls.param->sharding.tp_dim >= 0 || role.tp_primary) &&
+                          !model.is_tied_copy(ls.param);
       if (n == 0 || !writes) continue;
       shard_hyperslab(*ls.param, ls.first_elem, n, start, count);
       host.resize(size_t(n));

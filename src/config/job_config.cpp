@@ -205,7 +205,6 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
              str(parallelism.zero_stage) + " (parameters stay replicated)");
   // The plan's own rules first, so that a pp deck that could never run says why.
   if (d.pp > 1) pipeline_plan(d);
-  if (d.pp > 1) fail(*this, "parallelism.pipeline_parallel_degree", "pipeline parallelism (pp = " + str(d.pp) + ") is not implemented yet (pp must be 1)");
   if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
   if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")
     fail(*this, "training.mixed_precision_param",

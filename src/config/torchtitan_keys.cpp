@@ -311,7 +311,7 @@ Table build_table() {
   t.shared("disable_loss_parallel", "false");
   t.boolean("enable_async_tensor_parallel", "false",
             refused_if_true("asynchronous tensor parallelism is not implemented yet"));
-  t.shared("pipeline_parallel_degree", "1", honoured("> 1: refused (pipeline parallelism is not implemented yet)"));
+  t.shared("pipeline_parallel_degree", "1", honoured("pipeline stages (schedules GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, or a CSV)"));
   Option& parts = t.list("module_fqns_per_model_part", "None",
                          refused_when_set("explicit module lists per stage are not implemented yet (the blocks are "
                                           "split by pipeline_parallel_layers_per_stage and the _less_layers weights)"));

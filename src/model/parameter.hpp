@@ -29,6 +29,10 @@ struct ShardingSpec {
   int64_t tp_size = 1;   ///< tensor-parallel degree of the model holding this parameter
   int64_t tp_first = 0;  ///< first global index along tp_dim held on this rank
   bool tp_partial_grad = false;
+  /// A pipeline stage's own copy of a weight another stage holds too (the tied
+  /// tok_embeddings.weight on the last stage): its gradient is summed with the original's, it
+  /// is updated identically, and it is neither written to checkpoints nor counted in the norm.
+  bool tied_copy = false;
 };
 
 /// A model weight. `value` and `grad` are views into the model's flat parameter and gradient

@@ -16,17 +16,36 @@ namespace {
 constexpr int64_t kAlign = 16;  // elements: 64-byte aligned parameter views
 }
 
+ModelPart ModelPart::whole(const ModelArgs& args) {
+  ModelPart p;
+  for (int64_t i = 0; i < args.n_layers; ++i) p.layers.push_back(i);
+  return p;
+}
+
+bool ModelPart::is_whole(const ModelArgs& args) const {
+  return embedding && head && int64_t(layers.size()) == args.n_layers;
+}
+
 Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage, const TensorParallel& tp,
-                         DType compute_dtype)
-    : args_(args), dev_(dev), tp_(tp), compute_dtype_(compute_dtype) {
+                         DType compute_dtype, const ModelPart* part)
+    : args_(args), part_(part ? *part : ModelPart::whole(args)), dev_(dev), tp_(tp), compute_dtype_(compute_dtype) {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16)
     throw std::invalid_argument(std::string("Transformer: compute dtype ") + dtype_name(compute_dtype) +
                                 " (float32 or bfloat16)");
-  auto emb = std::make_unique<Embedding>(args, tp);
-  Parameter* tied = &emb->weight;
-  owned_.push_back(std::move(emb));
-  for (int i = 0; i < int(args.n_layers); ++i) owned_.push_back(std::make_unique<TransformerBlock>(args, i, tp));
-  owned_.push_back(std::make_unique<OutputHead>(args, tied, tp));
+  for (size_t i = 0; i < part_.layers.size(); ++i)
+    if (part_.layers[i] < 0 || part_.layers[i] >= args.n_layers || (i && part_.layers[i] <= part_.layers[i - 1]))
+      throw std::invalid_argument("Transformer: model part block " + std::to_string(part_.layers[i]) +
+                                  " is outside [0, n_layers) or out of order");
+  if (part_.layers.empty() && !part_.embedding && !part_.head)
+    throw std::invalid_argument("Transformer: an empty model part");
+  Parameter* tied = nullptr;
+  if (part_.embedding) {
+    auto emb = std::make_unique<Embedding>(args, tp);
+    tied = &emb->weight;
+    owned_.push_back(std::move(emb));
+  }
+  for (int64_t i : part_.layers) owned_.push_back(std::make_unique<TransformerBlock>(args, int(i), tp));
+  if (part_.head) owned_.push_back(std::make_unique<OutputHead>(args, tied, tp));
   int64_t total = 0;
   for (auto& u : owned_) {
     units_.push_back(u.get());
@@ -61,8 +80,10 @@ size_t Transformer::index_of(const Parameter* p) const {
 
 std::vector<Parameter*> Transformer::used_parameters(size_t u) const {
   std::vector<Parameter*> ps = unit_parameters(u);
-  // A tied output projection reads the embedding's weight from the last unit.
-  if (args_.tie_word_embeddings && u + 1 == units_.size() && u > 0) ps.push_back(params_.front());
+  // A tied output projection reads the embedding's weight from the last unit (when this part
+  // holds both; otherwise the head holds its own copy, among its unit_parameters).
+  if (args_.tie_word_embeddings && part_.embedding && part_.head && u + 1 == units_.size() && u > 0)
+    ps.push_back(params_.front());
   return ps;
 }
 
@@ -110,7 +131,9 @@ void Transformer::release_compute(size_t u) {
 
 std::vector<int64_t> Transformer::block_index() const {
   std::vector<int64_t> b;
-  for (size_t u = 0; u < units_.size(); ++u) b.push_back(u == 0 || u + 1 == units_.size() ? -1 : int64_t(u - 1));
+  if (part_.embedding) b.push_back(-1);
+  b.insert(b.end(), part_.layers.begin(), part_.layers.end());
+  if (part_.head) b.push_back(-1);
   return b;
 }
 

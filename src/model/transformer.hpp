@@ -19,6 +19,22 @@ struct ModelStorage {
   bool grads = true;
 };
 
+/// The part of the model one rank builds. Without pipeline parallelism that is the whole model;
+/// a pipeline rank builds the transformer blocks of its stages (global indices, so parameter
+/// names and initial values are those of the whole model), plus the embedding when it holds the
+/// first stage and norm + output projection + loss when it holds the last (DESIGN.md, model
+/// parts). A rank holding the output head of a tied model without the embedding keeps its own
+/// copy of tok_embeddings.weight in the head (pipeline/tied_embeddings.hpp keeps the copies equal).
+struct ModelPart {
+  std::vector<int64_t> layers;  ///< global block indices, ascending
+  bool embedding = true;        ///< tok_embeddings (the first stage)
+  bool head = true;             ///< norm, output projection and loss (the last stage)
+  /// Every block, the embedding and the head.
+  static ModelPart whole(const ModelArgs& args);
+  /// Whether this part is the whole model of `args`.
+  bool is_whole(const ModelArgs& args) const;
+};
+
 class Transformer {
  public:
   /// Builds the layers and, per `storage`, allocates parameters (kParameters) and zeroed
@@ -30,8 +46,11 @@ class Transformer {
   /// `compute_dtype` is the dtype of activations and of the parameter copies forward and
   /// backward read (f32, or bf16 for mixed precision: the f32 `value`s stay the master weights
   /// the optimizer updates; gradients stay f32).
+  /// `part` (default: the whole model) selects the blocks, embedding and head built here.
+  /// @throws std::invalid_argument also for a part naming a block outside [0, n_layers), out of
+  /// order, or holding nothing.
   Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {}, const TensorParallel& tp = {},
-              DType compute_dtype = DType::kF32);
+              DType compute_dtype = DType::kF32, const ModelPart* part = nullptr);
 
   /// Layer-independent initialization: element i of parameter p is a pure function of
   /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
@@ -43,7 +62,9 @@ class Transformer {
   /// The device holding this model's tensors.
   Device& device() const { return dev_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
-  /// Units in execution order (embedding, blocks, output head).
+  /// The blocks, embedding and head this model holds.
+  const ModelPart& part() const { return part_; }
+  /// Units in execution order (embedding, blocks, output head), as far as part() holds them.
   const std::vector<Layer*>& units() const { return units_; }
   /// Per unit, its transformer block number (layers.{i} → i) or −1 for the embedding and the
   /// output head: the Executor's activation-checkpointing policy selects blocks by it.
@@ -64,6 +85,10 @@ class Transformer {
   /// The context of one micro-batch from `samples` [n, T+1] token ids (inputs [:, :T], targets
   /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T and its tp group.
   StepContext make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale, bool need_backward);
+  /// Whether `p` is this part's own copy of the tied tok_embeddings.weight, held by the output
+  /// head of a part without the embedding (pipeline parallelism): the first stage's is the
+  /// original, written to checkpoints and counted once in the gradient norm.
+  bool is_tied_copy(const Parameter* p) const { return p->sharding.tied_copy; }
   /// Looks up a parameter by name; nullptr when absent.
   Parameter* find(const std::string& name) const;
 
@@ -89,6 +114,7 @@ class Transformer {
 
  private:
   ModelArgs args_;
+  ModelPart part_;
   Device& dev_;
   TensorParallel tp_;
   std::vector<std::unique_ptr<Layer>> owned_;

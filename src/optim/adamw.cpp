@@ -38,9 +38,10 @@ void AdamW::step(float lr) {
   dev_.adamw_multi(segments, p);  // one launch per batch of tensors on CUDA (multi-tensor apply)
 }
 
-double grad_norm(Device& dev, GradientSync& sync, Communicator* tp, std::vector<double>* each) {
+double grad_norm(Device& dev, GradientSync& sync, Communicator* tp, std::vector<double>* each, Communicator* pp) {
   double s = sync.grad_sum_squares(dev, each);
   if (tp && tp->size() > 1) tp->all_reduce_host(&s, 1, ReduceOp::kSum);
+  if (pp && pp->size() > 1) pp->all_reduce_host(&s, 1, ReduceOp::kSum);
   return std::sqrt(s);
 }
 

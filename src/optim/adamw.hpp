@@ -38,9 +38,12 @@ class AdamW {
 /// Global L2 norm of all gradients, sqrt(Σ g²) over every parameter once (fp64 sum; the
 /// strategy reduces over the ranks holding disjoint shards, then the sum over `tp` adds the
 /// tensor-parallel slabs and counts replicated parameters once). `each` receives this rank's
-/// unreduced Σ g² per local shard (GradientSync::grad_sum_squares). Collective for sharded
-/// strategies and over tp. @throws CommError.
-double grad_norm(Device& dev, GradientSync& sync, Communicator* tp = nullptr, std::vector<double>* each = nullptr);
+/// unreduced Σ g² per local shard (GradientSync::grad_sum_squares). With pipeline parallelism
+/// the sum over `pp` adds the stages (a tied copy is not counted: local_sum_squares), so every
+/// stage clips with the same norm. Collective for sharded strategies, over tp and over pp.
+/// @throws CommError.
+double grad_norm(Device& dev, GradientSync& sync, Communicator* tp = nullptr, std::vector<double>* each = nullptr,
+                 Communicator* pp = nullptr);
 
 /// Scales all local gradient shards by min(1, max_norm / (norm + 1e-6)) (Pascanu et al. 2013),
 /// as torch.nn.utils.clip_grad_norm_. No-op when max_norm <= 0. Returns the scale applied.

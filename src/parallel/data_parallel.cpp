@@ -30,12 +30,17 @@ DataParallel::DataParallel(Transformer& model, Communicator& comm, int64_t bucke
       last = u - 1;
     }
   }
+  reported_.assign(buckets_.size(), 0);
 }
 
-void DataParallel::post_backward(size_t unit) {
+void DataParallel::post_backward(size_t unit, int64_t) {
   if (!sync_ || comm_.size() == 1) return;
   const int b = bucket_of_unit_[unit];
-  if (b >= 0 && buckets_[b].first_unit == unit) {
+  // A bucket goes once all its units' gradients are final: without pipeline parallelism that
+  // is its first unit (backward runs in reverse), but a pipeline rank's stages, and a
+  // zero-bubble schedule's deferred weight gradients, may finish them in another order.
+  if (b >= 0 && ++reported_[size_t(b)] == buckets_[b].last_unit - buckets_[b].first_unit + 1) {
+    reported_[size_t(b)] = 0;
     InFlight f;
     Tensor t = buckets_[b].grads;
     if (reduce_dtype_ == DType::kBF16) {

@@ -1,7 +1,7 @@
 #pragma once
 /// @file DataParallel (DDP): gradients all-reduced (sum) over the dp_replicate group in buckets
-/// of consecutive units, each launched as soon as the backward of its units finishes in the
-/// last micro-batch, so communication overlaps the rest of backward (Li et al. 2020, PyTorch
+/// of consecutive units, each launched as soon as the backward of all its units finishes in the
+/// last micro-batch (in any order: pipeline stages), so communication overlaps the rest of backward (Li et al. 2020, PyTorch
 /// DDP). Summing (not averaging) is right because the loss gradient is already scaled by
 /// 1 / global target tokens.
 #include <memory>
@@ -22,15 +22,15 @@ class DataParallel final : public GradientSync {
                DType reduce_dtype = DType::kF32);
   /// Arms the all-reduces: call with true before the last micro-batch of a step.
   void set_sync(bool sync) { sync_ = sync; }
-  void post_backward(size_t unit) override;
-  void pre_forward(size_t unit) override { poll(); }
-  void pre_backward(size_t unit) override { poll(); }
+  void post_backward(size_t unit, int64_t mb) override;
+  void pre_forward(size_t, int64_t) override { poll(); }
+  void pre_backward(size_t, int64_t) override { poll(); }
   /// Waits for every bucket of this step. @throws CommError.
   void finish();
   /// Number of buckets and their sizes in elements (for tests and reports).
   std::vector<int64_t> bucket_sizes() const;
 
-  void begin_micro_batch(int64_t m, int64_t accum) override { set_sync(m + 1 == accum); }
+  void set_micro_batch_role(bool /*first*/, bool last) override { set_sync(last); }
   void begin_evaluation() override { set_sync(false); }
   void finish_gradients() override { finish(); }
   const std::vector<LocalShard>& local_shards() const override { return shards_; }
@@ -52,6 +52,7 @@ class DataParallel final : public GradientSync {
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
+  std::vector<size_t> reported_;  // per bucket: units whose last-micro-batch gradients are final
   std::vector<InFlight> pending_;
   DType reduce_dtype_;
   std::vector<LocalShard> shards_;

@@ -19,7 +19,8 @@ double local_sum_squares(Device& dev, const std::vector<LocalShard>& shards, std
   std::vector<size_t> shard_of;  // grads[j] is the gradient of shards[shard_of[j]]
   for (size_t i = 0; i < shards.size(); ++i) {
     const LocalShard& ls = shards[i];
-    if (ls.grad.numel() == 0) continue;
+    // A tied copy's gradient equals its original's (summed between the stages): counted once.
+    if (ls.grad.numel() == 0 || ls.param->sharding.tied_copy) continue;
     shard_of.push_back(i);
     const ShardingSpec& sh = ls.param->sharding;
     // Every tp rank holds the same replicated gradient: each counts 1/tp of it, so the sum

@@ -25,16 +25,23 @@ struct LocalShard {
 /// order. @throws std::logic_error when the model does not hold them.
 std::vector<LocalShard> replicated_shards(const Transformer& model);
 /// Σ g² over the gradients of `shards` on this rank only (fp64), a parameter replicated over a
-/// tp group of T ranks weighted 1/T (so summing the result over tp counts it once). `each`, when
+/// tp group of T ranks weighted 1/T (so summing the result over tp counts it once), a pipeline
+/// stage's tied copy (ShardingSpec::tied_copy) not at all (its original counts). `each`, when
 /// given, receives the term of every shard (index = shard index; 0 for an empty shard), from the
 /// same pass: a non-finite term names a parameter whose gradient holds a NaN or inf.
 double local_sum_squares(Device& dev, const std::vector<LocalShard>& shards, std::vector<double>* each = nullptr);
 
 class GradientSync : public UnitHooks {
  public:
-  /// Call before micro-batch `m` of `accum` of a training step (m counts from 0): the last
-  /// micro-batch arms the once-per-step gradient reductions.
-  virtual void begin_micro_batch(int64_t m, int64_t accum) = 0;
+  /// Call before a training micro-batch's forward, and again before each of its backward
+  /// calls (fused, or backward_weight in split mode). `first`: this is the step's first
+  /// backward of the units it covers on this rank (their reductions overwrite the gradient
+  /// shards); `last`: the step's last (it arms the once-per-step reductions: DDP's all-reduce,
+  /// ZeRO-1's reduce-scatter, HSDP's all-reduce). Pipeline schedules derive both from their
+  /// action lists, per stage, not from the order in which micro-batches begin.
+  virtual void set_micro_batch_role(bool first, bool last) = 0;
+  /// Micro-batch `m` of `accum` run one after the other (m counts from 0).
+  void begin_micro_batch(int64_t m, int64_t accum) { set_micro_batch_role(m == 0, m + 1 == accum); }
   /// Switches the hooks to forward-only evaluation (validation): nothing is reduced and
   /// gathered parameters are released after each unit's forward. Training mode is restored by
   /// the next begin_micro_batch().

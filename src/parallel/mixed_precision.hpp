@@ -12,19 +12,19 @@ class MixedPrecisionHooks final : public UnitHooks {
  public:
   /// Wraps `inner` (the GradientSync; may be null) for `model`. Every hook calls inner's first.
   MixedPrecisionHooks(Transformer& model, UnitHooks* inner) : model_(model), inner_(inner) {}
-  void pre_forward(size_t unit) override {
-    if (inner_) inner_->pre_forward(unit);
+  void pre_forward(size_t unit, int64_t mb) override {
+    if (inner_) inner_->pre_forward(unit, mb);
     model_.ensure_compute(unit);
   }
-  void post_forward(size_t unit) override {
-    if (inner_) inner_->post_forward(unit);
+  void post_forward(size_t unit, int64_t mb) override {
+    if (inner_) inner_->post_forward(unit, mb);
   }
-  void pre_backward(size_t unit) override {
-    if (inner_) inner_->pre_backward(unit);
+  void pre_backward(size_t unit, int64_t mb) override {
+    if (inner_) inner_->pre_backward(unit, mb);
     model_.ensure_compute(unit);
   }
-  void post_backward(size_t unit) override {
-    if (inner_) inner_->post_backward(unit);
+  void post_backward(size_t unit, int64_t mb) override {
+    if (inner_) inner_->post_backward(unit, mb);
   }
 
  private:

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <limits>
 
+#include "model/parameter_catalog.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -19,9 +20,11 @@ std::string num(double v) {
 }  // namespace
 
 NonFiniteGuard::NonFiniteGuard(const Transformer& model, const std::vector<LocalShard>& shards, int64_t skip_limit)
-    : model_(model), shards_(shards), skip_limit_(skip_limit) {
-  const auto& params = model.parameters();
-  for (size_t i = 0; i < params.size(); ++i) index_of_.emplace(params[i], int64_t(i));
+    : shards_(shards), skip_limit_(skip_limit) {
+  // World-wide indices: under pipeline parallelism each rank holds some of the parameters only.
+  const ParameterCatalog catalog(model.args(), model.tensor_parallel());
+  for (const CatalogEntry& e : catalog.entries()) names_.push_back(e.meta.name);
+  for (Parameter* p : model.parameters()) index_of_.emplace(p, catalog.index_of(p->name));
 }
 
 StepCheck NonFiniteGuard::check(int64_t step, double loss, double grad_norm, const std::vector<double>& shard_terms,
@@ -54,7 +57,7 @@ StepCheck NonFiniteGuard::check(int64_t step, double loss, double grad_norm, con
   else if (!norm_ok) what += "gradient norm " + num(grad_norm) + " is non-finite (loss " + num(loss) + ")";
   else what += "rank " + num(first[1]) + " computed a non-finite loss or gradient norm that the reductions did not show";
   if (first[0] != none)
-    what += "; first parameter with a non-finite gradient: " + model_.parameters()[size_t(first[0])]->name;
+    what += "; first parameter with a non-finite gradient: " + names_[size_t(first[0])];
   else
     what += "; every gradient is finite (the loss itself overflowed)";
 

@@ -64,9 +64,9 @@ class NonFiniteGuard {
   int64_t skipped_total() const { return total_; }
 
  private:
-  const Transformer& model_;
+  std::vector<std::string> names_;  // the whole model's parameters in model order (the catalog)
   const std::vector<LocalShard>& shards_;
-  std::unordered_map<const Parameter*, int64_t> index_of_;  // model order
+  std::unordered_map<const Parameter*, int64_t> index_of_;  // position in names_
   int64_t skip_limit_;
   int64_t in_a_row_ = 0, total_ = 0;
 };

@@ -16,6 +16,9 @@
 ///                                             partial gradients, the gradient norm over slabs
 ///   fsdp         dp_shard × cp                FSDP / ZeRO sharding (parameters, gradients, AdamW)
 ///   dp_replicate dp_replicate                 DDP buckets, HSDP's all-reduce of shards
+///   pp           pp                           activations and their gradients between stages
+///                                             (device); the loss and the gradient norm's sum over
+///                                             stages, the validation sums (host)
 #include "comm/mesh_communicators.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "train/device_comms.hpp"
@@ -29,6 +32,8 @@ struct ParallelContext {
   Communicator* tp = nullptr;            ///< device, MeshDim::kTP
   Communicator* fsdp = nullptr;          ///< device, MeshDim::kFSDP
   Communicator* dp_replicate = nullptr;  ///< device, MeshDim::kDpReplicate
+  Communicator* pp = nullptr;            ///< host (MPI), MeshDim::kPP
+  Communicator* pp_device = nullptr;     ///< device, MeshDim::kPP
 
   /// Whether this rank writes checkpoint pieces replicated over dp_replicate (its rank 0 does).
   bool dp_primary() const { return dp_replicate->rank() == 0; }
@@ -46,6 +51,8 @@ inline ParallelContext make_parallel_context(MpiCommunicator& world, MeshCommuni
   c.tp = &device.get(MeshDim::kTP);
   c.fsdp = &device.get(MeshDim::kFSDP);
   c.dp_replicate = &device.get(MeshDim::kDpReplicate);
+  c.pp = &host.get(MeshDim::kPP);
+  c.pp_device = &device.get(MeshDim::kPP);
   return c;
 }
 

@@ -33,6 +33,12 @@ double AccumulationSchedule::run(int64_t step) {
   return loss_sum;
 }
 
+EvalSums AccumulationSchedule::evaluate(const int32_t* samples, int64_t n) {
+  StepContext ctx = model_.make_context(samples, n, seq_len_, 0.0f, /*need_backward=*/false);
+  exec_.forward_only(ctx);
+  return {ctx.loss_sum, ctx.num_targets};
+}
+
 std::string AccumulationSchedule::describe() const {
   return "gradient accumulation, " + std::to_string(accum_) + " micro-batch" + (accum_ == 1 ? "" : "es") + " per step";
 }

@@ -18,6 +18,12 @@
 
 namespace meshtrain {
 
+/// What a forward-only pass contributed on this rank: Σ CE (nats) and the targets counted.
+struct EvalSums {
+  double loss_sum = 0;
+  int64_t targets = 0;
+};
+
 class StepSchedule {
  public:
   virtual ~StepSchedule() = default;
@@ -28,6 +34,10 @@ class StepSchedule {
   /// Returns this rank's summed cross-entropy over its target tokens (nats; not yet reduced).
   /// @throws CommError from the collectives inside the layers and hooks.
   virtual double run(int64_t step) = 0;
+  /// Forward only (validation) of `n` samples [n, seq_len + 1] (token ids) through this rank's
+  /// part of the model, nothing saved; the caller reduces the sums over the data ranks.
+  /// @throws CommError.
+  virtual EvalSums evaluate(const int32_t* samples, int64_t n) = 0;
   /// The schedule's name for the start-up log ("gradient accumulation, 4 micro-batches").
   virtual std::string describe() const = 0;
 };
@@ -45,6 +55,7 @@ class AccumulationSchedule : public StepSchedule {
                        const ParallelContext& pc, int64_t local_batch, int64_t seq_len, int64_t accum,
                        float loss_grad_scale, std::function<bool(int64_t)> poisoned = {});
   double run(int64_t step) override;
+  EvalSums evaluate(const int32_t* samples, int64_t n) override;
   std::string describe() const override;
 
  private:

@@ -31,7 +31,9 @@
 #include "parallel/tp_grads.hpp"
 #include "train/device_comms.hpp"
 #include "train/nonfinite_guard.hpp"
+#include "train/pipeline_runtime.hpp"
 #include "train/preemption.hpp"
+#include "train/stage_parts.hpp"
 #include "util/errors.hpp"
 #include "util/log.hpp"
 #include "util/trace.hpp"
@@ -95,8 +97,8 @@ std::string layout_summary(const ParallelDims& d) {
 /// Mean validation loss over the first `max_steps` global batches of the validation split (all of
 /// it when < 0), read in order; chunks of local_batch samples are dealt round-robin to the dp
 /// ranks, so the samples, and hence the value, do not depend on the layout.
-double validate_loss(Device& dev, Transformer& model, Executor& exec, GradientSync& sync, const DataLoader& val,
-                     Communicator& dp, int64_t local_batch, int64_t global_batch, int64_t max_steps) {
+double validate_loss(StepSchedule& schedule, GradientSync& sync, const DataLoader& val, Communicator& dp,
+                     Communicator& pp, bool pipelined, int64_t local_batch, int64_t global_batch, int64_t max_steps) {
   const int64_t t = val.seq_len();
   sync.begin_evaluation();
   const int64_t total = max_steps < 0 ? val.num_samples() : std::min(val.num_samples(), max_steps * global_batch);
@@ -107,23 +109,23 @@ double validate_loss(Device& dev, Transformer& model, Executor& exec, GradientSy
     const int64_t n = std::max<int64_t>(0, std::min(local_batch, total - first));
     if (n == 0) {
       // A rank past the end of the split still takes part in the collectives of a forward
-      // that gathers parameters; it runs one sample it does not count.
+      // that gathers parameters; it runs one sample it does not count. (Every stage of a
+      // pipeline shares its dp rank, so a whole pipeline skips or runs together.)
       if (sync.forward_is_collective()) {
         samples.resize(size_t(t + 1));
         val.fetch(0, 1, samples.data());
-        StepContext idle = model.make_context(samples.data(), 1, t, 0.0f, /*need_backward=*/false);
-        exec.forward(idle);
+        schedule.evaluate(samples.data(), 1);
       }
       continue;
     }
     samples.resize(size_t(n * (t + 1)));
     val.fetch(first, n, samples.data());
-    StepContext ctx = model.make_context(samples.data(), n, t, 0.0f, /*need_backward=*/false);
-    exec.forward(ctx);
-    sums[0] += ctx.loss_sum;
-    sums[1] += double(ctx.num_targets);
+    const EvalSums e = schedule.evaluate(samples.data(), n);
+    sums[0] += e.loss_sum;
+    sums[1] += double(e.targets);
   }
   dp.all_reduce_host(sums, 2, ReduceOp::kSum);
+  if (pipelined) pp.all_reduce_host(sums, 2, ReduceOp::kSum);  // the last stage holds the loss
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
@@ -206,13 +208,24 @@ void Trainer::build_model() {
   // Mixed precision: bf16 activations and compute copies of the weights; f32 masters, grads, AdamW.
   compute_dtype_ = cfg_.training.mixed_precision_param == "bfloat16" ? DType::kBF16 : DType::kF32;
   const DType reduce_dtype = cfg_.training.mixed_precision_reduce == "bfloat16" ? DType::kBF16 : DType::kF32;
+  // Pipeline parallelism: this rank builds only its stages (TorchTitan's split, loop or V
+  // placement), with global layer indices so names and initial values are the whole model's.
+  pipelined_ = dims_.pp > 1;
+  ModelPart part = ModelPart::whole(args_);
+  if (pipelined_) {
+    plan_ = cfg_.pipeline_plan(dims_);
+    part = model_part_of(plan_.stages, plan_.schedule.stages_of(pc_.pp->rank()));
+  }
   model_ = std::make_unique<Transformer>(args_, dev, sharded_ ? model_storage_for(zero_stage_) : ModelStorage{}, tp_,
-                                         compute_dtype_);
+                                         compute_dtype_, &part);
   if (sharded_) {
     ShardedOptions so;
     so.zero_stage = zero_stage_;
-    // TorchTitan's "default": reshard after forward unless pipeline parallel (pp == 1 here).
-    so.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward != "never";
+    // TorchTitan's "default": reshard after forward unless pipeline parallel (a stage's
+    // backward of a micro-batch comes after other micro-batches' forwards).
+    const std::string& raf = cfg_.parallelism.fsdp_reshard_after_forward;
+    so.reshard_after_forward = raf == "always" || (raf == "default" && !pipelined_);
+    so.reduce_once_per_step = pipelined_;
     so.reduce_dtype = reduce_dtype;
     so.param_dtype = compute_dtype_;  // FSDP2's param_dtype: ZeRO-3 gathers bf16 under mixed precision
     auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *pc_.fsdp, pc_.dp_replicate, so);
@@ -222,11 +235,20 @@ void Trainer::build_model() {
     model_->init_weights(uint64_t(cfg_.training.seed));
     sync_ = std::make_unique<DataParallel>(*model_, *pc_.dp_replicate, 25 << 20, reduce_dtype);
   }
-  exec_ = std::make_unique<Executor>(
-      model_->units(), model_->block_index(),
-      CheckpointPolicy::from_deck(cfg_.activation_checkpoint.mode, cfg_.activation_checkpoint.selective_ac_option));
+  const CheckpointPolicy ac =
+      CheckpointPolicy::from_deck(cfg_.activation_checkpoint.mode, cfg_.activation_checkpoint.selective_ac_option);
   hooks_ = std::make_unique<MixedPrecisionHooks>(*model_, sync_.get());
-  exec_->set_hooks(hooks_.get());
+  std::vector<PipelineStage> stages;
+  if (pipelined_) {  // one executor per stage of this rank, over its units
+    for (int s : plan_.schedule.stages_of(pc_.pp->rank())) {
+      const auto [first, last] = stage_unit_range(*model_, plan_.stages[size_t(s)]);
+      execs_.push_back(std::make_unique<Executor>(model_->units(), model_->block_index(), ac, first, last));
+      stages.push_back({s, execs_.back().get()});
+    }
+  } else {
+    execs_.push_back(std::make_unique<Executor>(model_->units(), model_->block_index(), ac));
+  }
+  for (auto& e : execs_) e->set_hooks(hooks_.get());
   opt_ = std::make_unique<AdamW>(sync_->local_shards(), dev, cfg_.optimizer);
   lr_schedule_ = std::make_unique<LrSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   guard_ = std::make_unique<NonFiniteGuard>(*model_, sync_->local_shards(), cfg_.training.skip_nonfinite_steps);
@@ -241,8 +263,14 @@ void Trainer::build_model() {
   const bool injecting = d.inject_nonfinite_grad_step >= 1 && world_.rank() == d.inject_nonfinite_grad_rank;
   const int64_t first = d.inject_nonfinite_grad_step, count = d.inject_nonfinite_grad_count;
   auto poisoned = [injecting, first, count](int64_t step) { return injecting && step >= first && step < first + count; };
-  schedule_ = std::make_unique<AccumulationSchedule>(*model_, *exec_, *sync_, loader_, pc_, local_batch_, seq_len_, accum_,
-                                                     float(1.0 / double(global_batch_ * seq_len_)), poisoned);
+  const float loss_grad_scale = float(1.0 / double(global_batch_ * seq_len_));
+  if (pipelined_)
+    schedule_ = std::make_unique<PipelineRuntime>(*model_, stages, plan_.schedule, *sync_, loader_, pc_, *pc_.pp_device,
+                                                  local_batch_, plan_.microbatch_size, seq_len_, accum_, loss_grad_scale,
+                                                  poisoned);
+  else
+    schedule_ = std::make_unique<AccumulationSchedule>(*model_, *execs_.front(), *sync_, loader_, pc_, local_batch_,
+                                                       seq_len_, accum_, loss_grad_scale, poisoned);
 }
 
 void Trainer::resume() {
@@ -316,6 +344,16 @@ void Trainer::log_start() {
             device_->name() + ", compute " + dtype_name(compute_dtype_) + ", collectives on device tensors over " +
             dcomms_->backend());
   log::info("layout:\n" + layout_report(layout_));
+  if (pipelined_) {
+    std::string stages;
+    for (int r = 0; r < plan_.schedule.pp; ++r) {
+      stages += "\n  pp rank " + std::to_string(r) + ":";
+      for (int s : plan_.schedule.stages_of(r))
+        stages += " stage " + std::to_string(s) + " (" + describe(plan_.stages[size_t(s)]) + ")";
+    }
+    log::info("pipeline: " + schedule_->describe() + "; " + std::to_string(plan_.schedule.num_stages()) +
+              " stages" + stages);
+  }
   log::info("data: " + cfg_.training.dataset + ", " + std::to_string(loader_.num_samples()) + " train samples, " +
             std::to_string(val_loader_.num_samples()) + " validation samples; validation unigram entropy " +
             fmt("%.4f", unigram_) + " nats");
@@ -339,15 +377,20 @@ StepResult Trainer::train_step(int64_t step) {
   };
   const auto bytes0 = comm_bytes_now();
   sync.take_comm_wait_seconds();  // waits outside the step (validation) are not the step's
+  if (pipelined_) static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
   model_->zero_grad();
   double loss_sum = schedule_->run(step);
   sync.finish_gradients();
   reduce_tp_partial_grads(dev, *pc_.tp, sync.local_shards());
+  if (pipelined_)  // the tied embedding's two copies get the same gradient (before the norm)
+    sum_tied_embedding_grads(dev, *model_, sync.local_shards(), *pc_.pp_device, plan_.schedule.rank_of(0),
+                             plan_.schedule.rank_of(plan_.schedule.num_stages() - 1));
   loader_.advance(global_batch_);
   pc_.loss->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
+  if (pipelined_) pc_.pp->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);  // only the last stage's is non-zero
   StepResult r;
   r.loss = loss_sum / double(global_batch_ * seq_len_);
-  r.grad_norm = grad_norm(dev, sync, pc_.tp, &shard_terms_);
+  r.grad_norm = grad_norm(dev, sync, pc_.tp, &shard_terms_, pipelined_ ? pc_.pp : nullptr);
   // Nothing is applied before every rank agrees the step is finite (the same collective
   // carries the preemption flag); a non-finite step beyond skip_nonfinite_steps throws here.
   StepCheck check;
@@ -395,6 +438,14 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
   const MemoryStats mem = device_->allocator()->stats();
   double peak_all = double(mem.total_peak);  // the largest rank's peak
   world_.all_reduce_host(&peak_all, 1, ReduceOp::kMax);
+  // Stages differ: the largest peak of each pp rank (its stages' activations in flight).
+  // [0, pp): the largest memory peak per pp rank; [pp, 2·pp): the longest receive wait (s).
+  std::vector<double> per_stage(size_t(2 * dims_.pp), 0.0);
+  if (pipelined_) {
+    per_stage[size_t(pc_.pp->rank())] = double(mem.total_peak);
+    per_stage[size_t(dims_.pp + pc_.pp->rank())] = static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
+    world_.all_reduce_host(per_stage.data(), int(per_stage.size()), ReduceOp::kMax);
+  }
   const double avg = step > first_step_ ? timed_s_ / double(step - first_step_) : dt;
   const double eta = avg * double(cfg_.training.steps - step);
   metrics_->write({{"step", step}, {"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr},
@@ -402,6 +453,11 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
                    {"tflops_per_rank", tp.tflops_per_rank}, {"mfu", tp.mfu}, {"step_time_s", dt},
                    {"comm_wait_s", comm_wait}, {"comm_bytes", r.comm_bytes}, {"memory_peak_bytes", int64_t(peak_all)},
                    {"memory_reserved_bytes", mem.reserved_bytes}, {"eta_s", eta}});
+  if (pipelined_) {
+    const std::vector<int64_t> peaks(per_stage.begin(), per_stage.begin() + dims_.pp);
+    const std::vector<double> waits(per_stage.begin() + dims_.pp, per_stage.end());
+    metrics_->write({{"step", step}, {"memory_peak_bytes_per_pp_rank", peaks}, {"pp_recv_wait_s_per_pp_rank", waits}});
+  }
   if (tensorboard_)
     tensorboard_->add_scalars(step, {{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr},
                                      {"tokens_per_s", tp.tokens_per_s}, {"tokens_per_s_per_rank", tp.tokens_per_s_per_rank},
@@ -418,7 +474,7 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
 
 double Trainer::validate() {
   trace::Span span("validation", "validation");
-  return validate_loss(*device_, *model_, *exec_, *sync_, val_loader_, *pc_.data, local_batch_, global_batch_,
+  return validate_loss(*schedule_, *sync_, val_loader_, *pc_.data, *pc_.pp, pipelined_, local_batch_, global_batch_,
                        cfg_.validation.steps);
 }
 

@@ -27,6 +27,7 @@
 #include "comm/mesh_communicators.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/job_config.hpp"
+#include "config/pipeline_plan.hpp"
 #include "data/loader.hpp"
 #include "data/token_store.hpp"
 #include "device/device.hpp"
@@ -132,7 +133,9 @@ class Trainer {
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<GradientSync> sync_;
-  std::unique_ptr<Executor> exec_;
+  bool pipelined_ = false;                        // pp > 1
+  PipelinePlan plan_;                             // pp > 1: the split and the schedule
+  std::vector<std::unique_ptr<Executor>> execs_;  // one per stage on this rank (one without pp)
   std::unique_ptr<MixedPrecisionHooks> hooks_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<LrSchedule> lr_schedule_;

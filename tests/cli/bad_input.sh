@@ -44,7 +44,8 @@ expect wrong_type "expected integer, got abc" -- train --deck "$deck" --training
 expect out_of_range "[optimizer] lr: value 0 is out of range" -- train --deck "$deck" --optimizer.lr=0
 expect missing_deck "cannot read deck" -- train --deck "$work/nope.toml"
 expect layout "-1 cannot fill world size 2" -- train --deck "$deck" --parallelism.data_parallel_replicate_degree=3
-expect pp_not_yet "pipeline parallelism (pp = 2) is not implemented yet" -- train --deck "$deck" --parallelism.pipeline_parallel_degree=2
+expect pp_microbatches "[parallelism] pipeline_parallel_microbatch_size: schedule 1F1B with pp = 2 got 1 micro-batches" -- train --deck "$deck" --parallelism.pipeline_parallel_degree=2 --training.local_batch_size=1
+expect pp_layers_per_stage "[parallelism] pipeline_parallel_layers_per_stage = 3" -- train --deck "$deck" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_layers_per_stage=3
 expect tp_kv_heads "n_kv_heads 1 is not divisible by tp 2 (n_kv_heads % tp == 0)" -- train --deck "$deck" --model.n_kv_heads=1 --parallelism.tensor_parallel_degree=2
 expect missing_dataset "missing.h5: cannot open token store" -- train --deck "$deck" --parallelism.data_parallel_replicate_degree=2
 printf 'not hdf5' > "$work/corrupt.h5"

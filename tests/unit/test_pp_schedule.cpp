@@ -14,6 +14,7 @@
 #include "parallel/pipeline/schedule.hpp"
 #include "parallel/pipeline/schedule_csv.hpp"
 #include "parallel/pipeline/simulate.hpp"
+#include "parallel/pipeline/stage_split.hpp"
 
 using namespace meshtrain;
 
@@ -232,4 +233,49 @@ BOOST_AUTO_TEST_CASE(csv_errors_name_file_line_and_action) {
   rejects("0F0,0B0\n1F0,1X0,1B0\n", "h.csv:2: rank 1: action '1X0': unknown action type 'X'");
   rejects("0F0,0F1,0B0,0B1\n1F0,1F1,1B1\n", "h.csv: rank 1: 1B0 (or 1I0) is missing");
   rejects("0F0,0B0\n1B0,1F0\n", "h.csv: rank 1, action 1B0: runs before 1F0");
+}
+
+// TorchTitan's generate_llm_fqn_per_model_part, worked by hand: 6 blocks + 1 + 1 = 8 effective
+// layers; 2 stages of 4 (embedding + 3, 3 + head); 4 stages of 2; 3 stages of 3, 3, 2 (the first
+// stages take the remainder).
+BOOST_AUTO_TEST_CASE(stage_split_follows_torchtitan) {
+  auto text = [](const std::vector<StageLayers>& v) {
+    std::string out;
+    for (const StageLayers& s : v) out += (out.empty() ? "" : " | ") + describe(s);
+    return out;
+  };
+  BOOST_TEST(text(split_stages(1, 6, 1, 1)) == "embedding + layers 0-5 + norm/output");
+  BOOST_TEST(text(split_stages(2, 6, 1, 1)) == "embedding + layers 0-2 | layers 3-5 + norm/output");
+  BOOST_TEST(text(split_stages(4, 6, 1, 1)) == "embedding + layer 0 | layers 1-2 | layers 3-4 | layer 5 + norm/output");
+  BOOST_TEST(text(split_stages(3, 6, 1, 1)) == "embedding + layers 0-1 | layers 2-4 | layer 5 + norm/output");
+  BOOST_TEST(text(split_stages(8, 6, 1, 1)) ==
+             "embedding | layer 0 | layer 1 | layer 2 | layer 3 | layer 4 | layer 5 | norm/output");
+  // Weights 0: the embedding and head ride along with blocks (6 over 2: 3 + 3).
+  BOOST_TEST(text(split_stages(2, 6, 0, 0)) == "embedding + layers 0-2 | layers 3-5 + norm/output");
+  // 126 blocks over 8 stages (Llama 3 405B recipe): 128 effective, 16 each.
+  const auto big = split_stages(8, 126, 1, 1);
+  BOOST_TEST(big.front().num_layers == 15);
+  BOOST_TEST(big[1].num_layers == 16);
+  BOOST_TEST(big.back().num_layers == 15);
+  auto rejects = [](auto fn, const std::string& part) {
+    try {
+      fn();
+      BOOST_ERROR("accepted, expected: " + part);
+    } catch (const ScheduleError& e) {
+      BOOST_TEST_INFO(e.what());
+      BOOST_TEST(std::string(e.what()).find(part) != std::string::npos);
+    }
+  };
+  rejects([] { split_stages(9, 6, 1, 1); }, "pipeline_parallel_degree: 9 stages for 8 effective layers");
+  rejects([] { split_stages(4, 6, 3, 1); }, "pipeline_parallel_first_stage_less_layers = 3 exceeds the 2 layers");
+  rejects([] { split_stages(4, 6, 1, 3); }, "pipeline_parallel_last_stage_less_layers = 3 exceeds the 2 layers");
+  // Stages per rank: 1 / 2 by default; from layers_per_stage ⌈8 / K⌉ stages in all.
+  BOOST_TEST(stages_per_rank_for("1F1B", 2, 6, 0, 1, 1) == 1);
+  BOOST_TEST(stages_per_rank_for("Interleaved1F1B", 2, 6, 0, 1, 1) == 2);
+  BOOST_TEST(stages_per_rank_for("Interleaved1F1B", 2, 6, 1, 1, 1) == 4);
+  BOOST_TEST(stages_per_rank_for("1F1B", 2, 6, 4, 1, 1) == 1);
+  rejects([] { stages_per_rank_for("1F1B", 2, 6, 3, 1, 1); }, "layers_per_stage = 3: 6 layers + 1 + 1");
+  rejects([] { stages_per_rank_for("1F1B", 2, 6, 2, 1, 1); }, "4 stages of at most 2, 2 per rank, but 1F1B runs one");
+  rejects([] { stages_per_rank_for("Interleaved1F1B", 2, 6, 4, 1, 1); }, "needs at least two stages per rank");
+  rejects([] { stages_per_rank_for("ZBVZeroBubble", 2, 6, 1, 1, 1); }, "ZBVZeroBubble runs exactly two");
 }

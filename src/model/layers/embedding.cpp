@@ -37,8 +37,15 @@ OutputHead::OutputHead(const ModelArgs& a, Parameter* tied_embedding, const Tens
     : tied_(a.tie_word_embeddings ? tied_embedding : nullptr), eps_(float(a.norm_eps)), vocab_size_(a.vocab_size) {
   norm = make_parameter("norm.weight", {a.dim}, InitSpec{InitSpec::Kind::kOnes, 0, 0}, false);
   norm.sharding.tp_partial_grad = tp.active() && tp.sequence_parallel;
-  if (!tied_) {
-    output = make_parameter("output.weight", {a.vocab_size, a.dim}, InitSpec{InitSpec::Kind::kTruncNormal, 1.0 / std::sqrt(double(a.dim)), 3.0});
+  const InitSpec init{InitSpec::Kind::kTruncNormal, 1.0 / std::sqrt(double(a.dim)), 3.0};
+  if (a.tie_word_embeddings && !tied_) {
+    // A pipeline stage without the embedding: its own copy of the shared weight, with the
+    // embedding's name, init and (no) weight decay, so it starts equal and stays equal.
+    output = make_parameter("tok_embeddings.weight", {a.vocab_size, a.dim}, init, false);
+    output.sharding.tied_copy = true;
+    split_tensor_parallel(output, 0, tp.size, tp.rank);
+  } else if (!tied_) {
+    output = make_parameter("output.weight", {a.vocab_size, a.dim}, init);
     split_tensor_parallel(output, 0, tp.size, tp.rank);
   }
 }

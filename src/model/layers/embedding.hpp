@@ -22,7 +22,9 @@ class Embedding final : public Layer {
   int64_t vocab_size_;
 };
 
-/// norm.weight [D] and output.weight [V, D] (or the embedding's weight when tied).
+/// norm.weight [D] and output.weight [V, D] (or the embedding's weight when tied; on a pipeline
+/// stage without the embedding, tied_embedding is null and the head holds a copy named
+/// tok_embeddings.weight, ShardingSpec::tied_copy).
 /// forward: [N, D] → logits → cross-entropy against ctx.targets; returns an empty tensor and
 /// adds Σ CE over the micro-batch's B·T targets to ctx.loss_sum (the same on every tp rank).
 /// With ctx.need_backward, the loss gradient (scaled by ctx.loss_grad_scale) is computed in

@@ -154,7 +154,7 @@ void ShardedDataParallel::start_reduce(size_t f) {
   const ShardUnit& su = plan_.units[f];
   Reduction r;
   r.unit = f;
-  r.last = micro_ + 1 == accum_;
+  r.last = last_;
   r.in = dev_.empty({plan_.group * su.shard_elems}, DType::kF32, MemCategory::kCommunication);
   copy_in_for_scatter(
       dev_, su, plan_.group,
@@ -168,7 +168,7 @@ void ShardedDataParallel::start_reduce(size_t f) {
     s.full_grads = Tensor();
   }
   // The step's first reduction of this unit writes the shard; later micro-batches accumulate.
-  const bool first = !shards_grads() || micro_ == 0;
+  const bool first = !shards_grads() || first_ || opt_.reduce_once_per_step;
   if (wire_bf16()) {
     Tensor wire_in = dev_.empty(r.in.shape(), DType::kBF16, MemCategory::kCommunication);
     dev_.cast(wire_in, r.in);
@@ -235,14 +235,14 @@ void ShardedDataParallel::retire(bool block) {
   }
 }
 
-void ShardedDataParallel::pre_forward(size_t u) {
+void ShardedDataParallel::pre_forward(size_t u, int64_t) {
   const size_t f = size_t(plan_.unit_of[u]);
   ensure_params(f);
   if (u + 1 < plan_.unit_of.size() && size_t(plan_.unit_of[u + 1]) != f) start_gather(size_t(plan_.unit_of[u + 1]));
   poll();
 }
 
-void ShardedDataParallel::post_forward(size_t u) {
+void ShardedDataParallel::post_forward(size_t u, int64_t) {
   const size_t f = size_t(plan_.unit_of[u]);
   if (shards_params() && u == plan_.units[f].members.back()) {
     // The last unit's backward follows at once, so training keeps it; evaluation frees all.
@@ -251,12 +251,14 @@ void ShardedDataParallel::post_forward(size_t u) {
   poll();
 }
 
-void ShardedDataParallel::pre_backward(size_t u) {
+void ShardedDataParallel::pre_backward(size_t u, int64_t) {
   const size_t f = size_t(plan_.unit_of[u]);
   ensure_params(f);
   UnitState& s = units_[f];
   const ShardUnit& su = plan_.units[f];
-  if (shards_grads() && u == su.members.back()) {  // the unit's first backward: unsharded gradients
+  // The unit's first backward (of the micro-batch, or of the step when reducing once): zeroed
+  // unsharded gradients.
+  if (shards_grads() && u == su.members.back() && !(opt_.reduce_once_per_step && s.full_grads.defined())) {
     s.full_grads = dev_.zeros({su.full_elems}, DType::kF32, MemCategory::kCommunication);
     for (const ShardedParam& sp : su.params) sp.param->grad = s.full_grads.view(sp.param->local_shape, sp.full_offset);
   }
@@ -264,18 +266,18 @@ void ShardedDataParallel::pre_backward(size_t u) {
   poll();
 }
 
-void ShardedDataParallel::post_backward(size_t u) {
+void ShardedDataParallel::post_backward(size_t u, int64_t) {
   const size_t f = size_t(plan_.unit_of[u]);
   if (u == plan_.units[f].members.front()) {  // the unit's gradients are complete
-    if (shards_grads() || micro_ + 1 == accum_) start_reduce(f);
+    if (last_ || (shards_grads() && !opt_.reduce_once_per_step)) start_reduce(f);
     if (shards_params()) release_params(f);
   }
   poll();
 }
 
-void ShardedDataParallel::begin_micro_batch(int64_t m, int64_t accum) {
-  micro_ = m;
-  accum_ = accum;
+void ShardedDataParallel::set_micro_batch_role(bool first, bool last) {
+  first_ = first;
+  last_ = last;
   eval_ = false;
 }
 

@@ -43,6 +43,11 @@ struct ShardedOptions {
   /// f32 shard and the gathered bf16 values become the units' Parameter::compute directly (half
   /// the bytes of an f32 gather); gather_full_parameters() still gathers f32 for dumps.
   DType param_dtype = DType::kF32;
+  /// ZeRO-2/3: keep each unit's unsharded gradients over all micro-batches of the step and
+  /// reduce-scatter them once, after the unit's last backward (TorchTitan's FSDP under pipeline
+  /// parallelism). Costs a stage's unsharded gradients in memory, saves m − 1 reduce-scatters
+  /// per unit, and lets zero-bubble schedules defer weight gradients of several micro-batches.
+  bool reduce_once_per_step = false;
 };
 
 /// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
@@ -64,12 +69,12 @@ class ShardedDataParallel final : public GradientSync {
   void init_weights(uint64_t seed);
   const ShardPlan& plan() const { return plan_; }
 
-  void pre_forward(size_t unit) override;
-  void post_forward(size_t unit) override;
-  void pre_backward(size_t unit) override;
-  void post_backward(size_t unit) override;
+  void pre_forward(size_t unit, int64_t mb) override;
+  void post_forward(size_t unit, int64_t mb) override;
+  void pre_backward(size_t unit, int64_t mb) override;
+  void post_backward(size_t unit, int64_t mb) override;
 
-  void begin_micro_batch(int64_t m, int64_t accum) override;
+  void set_micro_batch_role(bool first, bool last) override;
   void begin_evaluation() override;
   void finish_gradients() override;
   const std::vector<LocalShard>& local_shards() const override { return shards_; }
@@ -128,7 +133,7 @@ class ShardedDataParallel final : public GradientSync {
   std::vector<LocalShard> shards_;
   std::deque<Reduction> reductions_;            // reduce-scatters, in issue order
   std::deque<ReplicaReduction> replicas_;        // HSDP all-reduces, in issue order
-  int64_t micro_ = 0, accum_ = 1;
+  bool first_ = true, last_ = true;  // set_micro_batch_role's role of the current backward
   bool eval_ = false;
   bool full_precision_ = false;  // gather_full_parameters(): f32 values, whatever param_dtype
   double wait_s_ = 0;

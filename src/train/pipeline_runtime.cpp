@@ -1,0 +1,257 @@
+#include "train/pipeline_runtime.hpp"
+
+#include <chrono>
+#include <limits>
+#include <stdexcept>
+
+#include "util/trace.hpp"
+
+namespace meshtrain {
+
+namespace {
+bool is_backward(ActionType t) { return t == ActionType::kBackward || t == ActionType::kBackwardWeight; }
+}  // namespace
+
+PipelineRuntime::PipelineRuntime(Transformer& model, std::vector<PipelineStage> stages, PipelineSchedule schedule,
+                                 GradientSync& sync, const DataLoader& loader, const ParallelContext& pc,
+                                 Communicator& pp, int64_t local_batch, int64_t microbatch_size, int64_t seq_len,
+                                 int64_t rounds, float loss_grad_scale, std::function<bool(int64_t)> poisoned)
+    : model_(model),
+      schedule_(std::move(schedule)),
+      sync_(sync),
+      loader_(loader),
+      pc_(pc),
+      pp_(pp),
+      local_batch_(local_batch),
+      microbatch_size_(microbatch_size),
+      seq_len_(seq_len),
+      rounds_(rounds),
+      loss_grad_scale_(loss_grad_scale),
+      poisoned_(std::move(poisoned)) {
+  if (pp.size() != schedule_.pp) throw std::invalid_argument("pipeline runtime: pp group size differs from the schedule's");
+  const std::vector<int> mine = schedule_.stages_of(pp.rank());
+  for (const PipelineStage& s : stages) stages_[s.index] = s.exec;
+  if (stages_.size() != mine.size()) throw std::invalid_argument("pipeline runtime: an executor per stage of this rank");
+  for (int s : mine)
+    if (!stages_.count(s) || !stages_[s]) throw std::invalid_argument("pipeline runtime: no executor for stage " + std::to_string(s));
+  if (local_batch_ != microbatch_size_ * schedule_.microbatches)
+    throw std::invalid_argument("pipeline runtime: local batch " + std::to_string(local_batch_) + " is not " +
+                                std::to_string(schedule_.microbatches) + " micro-batches of " +
+                                std::to_string(microbatch_size_));
+  actions_ = schedule_.ranks.at(size_t(pp.rank()));
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    if (!is_backward(actions_[i].type)) continue;
+    auto [it, fresh] = backward_span_.try_emplace(actions_[i].stage, i, i);
+    if (!fresh) it->second.second = i;
+  }
+  round_samples_.resize(size_t(local_batch_ * (seq_len_ + 1)));
+}
+
+PipelineRuntime::~PipelineRuntime() {
+  // A step that threw leaves sends in flight; their buffers must outlive them.
+  try {
+    poll_sends(true);
+  } catch (...) {
+  }
+}
+
+Executor& PipelineRuntime::exec_of(int stage) {
+  const auto it = stages_.find(stage);
+  if (it == stages_.end()) throw std::logic_error("pipeline runtime: stage " + std::to_string(stage) + " is not on this rank");
+  return *it->second;
+}
+
+int PipelineRuntime::tag(Kind kind, int stage, int mb) const {
+  return (int(kind) * schedule_.num_stages() + stage) * schedule_.microbatches + mb;
+}
+
+StepContext& PipelineRuntime::context(int mb) {
+  auto it = contexts_.find(mb);
+  if (it != contexts_.end()) return it->second;
+  const int32_t* samples = round_samples_.data() + size_t(mb) * size_t(microbatch_size_ * (seq_len_ + 1));
+  const bool poison = poison_round_ && mb + 1 == schedule_.microbatches;
+  const float scale = poison ? std::numeric_limits<float>::quiet_NaN() : loss_grad_scale_;
+  return contexts_.emplace(mb, model_.make_context(samples, microbatch_size_, seq_len_, scale, true)).first->second;
+}
+
+Tensor PipelineRuntime::message_buffer(int mb) {
+  const StepContext& ctx = context(mb);
+  const int64_t tokens = tp_local_tokens(ctx.tp, ctx.batch * ctx.seq_len);
+  return model_.device().empty({tokens, model_.args().dim}, ctx.act_dtype, MemCategory::kActivations);
+}
+
+Tensor PipelineRuntime::take(Kind kind, int stage, int mb) {
+  const Key key{int(kind), stage, mb};
+  if (auto it = ready_.find(key); it != ready_.end()) {
+    Tensor t = it->second;
+    ready_.erase(it);
+    return t;
+  }
+  auto it = receiving_.find(key);
+  if (it == receiving_.end())
+    throw std::logic_error("pipeline runtime: stage " + std::to_string(stage) + " micro-batch " + std::to_string(mb) +
+                           " has no " + (kind == kActivation ? "input" : "output gradient"));
+  {
+    trace::Span span(kind == kActivation ? "wait recv activation" : "wait recv gradient", "comm_wait");
+    const auto t0 = std::chrono::steady_clock::now();
+    it->second.work->wait();
+    recv_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  Tensor t = it->second.buffer;
+  receiving_.erase(it);
+  return t;
+}
+
+void PipelineRuntime::poll_sends(bool block) {
+  for (auto it = sending_.begin(); it != sending_.end();) {
+    if (block) {
+      it->work->wait();
+    } else if (!it->work->test()) {
+      ++it;
+      continue;
+    }
+    it = sending_.erase(it);
+  }
+}
+
+void PipelineRuntime::run_action(const Action& a, int64_t step, int64_t round) {
+  const int s = a.stage, j = a.microbatch;
+  const int last_stage = schedule_.num_stages() - 1;
+  const size_t index = size_t(&a - actions_.data());
+  switch (a.type) {
+    case ActionType::kForward: {
+      StepContext& ctx = context(j);
+      const Tensor in = s == 0 ? Tensor() : take(kActivation, s, j);
+      sync_.set_micro_batch_role(false, false);
+      const double before = ctx.loss_sum;
+      Tensor out = exec_of(s).forward(j, ctx, in);
+      if (s == last_stage)
+        loss_sum_ += ctx.loss_sum - before;
+      else
+        ready_[{kActivation, s + 1, j}] = out;  // for F(s + 1) here, or SEND_F
+      break;
+    }
+    case ActionType::kBackward:
+    case ActionType::kBackwardInput: {
+      StepContext& ctx = context(j);
+      const Tensor dout = s == last_stage ? Tensor() : take(kGradient, s, j);
+      bool first = false, last = false;
+      if (a.type == ActionType::kBackward) {
+        const auto& span = backward_span_.at(s);
+        first = round == 0 && span.first == index;
+        last = round + 1 == rounds_ && span.second == index;
+      }
+      sync_.set_micro_batch_role(first, last);
+      Executor& exec = exec_of(s);
+      Tensor dx = a.type == ActionType::kBackward ? exec.backward(j, ctx, dout) : exec.backward_input(j, ctx, dout);
+      if (s > 0) ready_[{kGradient, s - 1, j}] = dx;  // for B / I(s − 1) here, or SEND_B
+      break;
+    }
+    case ActionType::kBackwardWeight: {
+      const auto& span = backward_span_.at(s);
+      sync_.set_micro_batch_role(round == 0 && span.first == index, round + 1 == rounds_ && span.second == index);
+      exec_of(s).backward_weight(j);
+      break;
+    }
+    case ActionType::kSendActivation:
+    case ActionType::kSendGradient: {
+      const bool act = a.type == ActionType::kSendActivation;
+      const int to_stage = act ? s + 1 : s - 1;
+      const Key key{act ? kActivation : kGradient, to_stage, j};
+      auto it = ready_.find(key);
+      if (it == ready_.end())
+        throw std::logic_error("pipeline runtime: " + to_string(a) + " before the action producing its tensor");
+      Pending p;
+      p.buffer = it->second;
+      ready_.erase(it);
+      trace::Span span(act ? "send activation" : "send gradient", "comm_issue");
+      span.arg("bytes", int64_t(p.buffer.nbytes())).arg("group", pp_.name());
+      p.work = pp_.send(p.buffer, schedule_.rank_of(to_stage), tag(act ? kActivation : kGradient, to_stage, j));
+      sending_.push_back(std::move(p));
+      break;
+    }
+    case ActionType::kRecvActivation:
+    case ActionType::kRecvGradient: {
+      const bool act = a.type == ActionType::kRecvActivation;
+      const int from_stage = act ? s - 1 : s + 1;
+      Pending p;
+      p.buffer = message_buffer(j);
+      p.work = pp_.recv(p.buffer, schedule_.rank_of(from_stage), tag(act ? kActivation : kGradient, s, j));
+      receiving_[{act ? kActivation : kGradient, s, j}] = std::move(p);
+      break;
+    }
+  }
+  (void)step;
+  poll_sends(false);
+}
+
+void PipelineRuntime::run_round(int64_t step, int64_t round) {
+  loader_.micro_batch(round, pc_.data->rank(), pc_.data->size(), local_batch_, round_samples_.data());
+  poison_round_ = round + 1 == rounds_ && poisoned_ && poisoned_(step);
+  contexts_.clear();
+  for (const Action& a : actions_) run_action(a, step, round);
+  poll_sends(true);
+  if (!ready_.empty() || !receiving_.empty())
+    throw std::logic_error("pipeline runtime: the schedule left " + std::to_string(ready_.size() + receiving_.size()) +
+                           " tensors unused");
+  for (const auto& [s, exec] : stages_)
+    if (exec->in_flight() != 0) throw std::logic_error("pipeline runtime: stage " + std::to_string(s) + " left micro-batches in flight");
+  contexts_.clear();
+}
+
+double PipelineRuntime::run(int64_t step) {
+  loss_sum_ = 0;
+  for (int64_t r = 0; r < rounds_; ++r) run_round(step, r);
+  return loss_sum_;
+}
+
+EvalSums PipelineRuntime::evaluate(const int32_t* samples, int64_t n) {
+  StepContext ctx = model_.make_context(samples, n, seq_len_, 0.0f, /*need_backward=*/false);
+  const int last_stage = schedule_.num_stages() - 1;
+  std::vector<Pending> sends;
+  for (const auto& [s, exec] : stages_) {  // ascending: a rank's stages in pipeline order
+    Tensor in;
+    if (s > 0) {
+      const int from = schedule_.rank_of(s - 1);
+      if (from == pp_.rank()) {
+        in = ready_.at({kActivation, s, -1});
+        ready_.erase({kActivation, s, -1});
+      } else {
+        in = model_.device().empty({tp_local_tokens(ctx.tp, n * seq_len_), model_.args().dim}, ctx.act_dtype,
+                                   MemCategory::kActivations);
+        const auto t0 = std::chrono::steady_clock::now();
+        pp_.recv(in, from, tag(kActivation, s, 0))->wait();
+        recv_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    }
+    sync_.begin_evaluation();
+    Tensor out = exec->forward_only(ctx, in);
+    if (s == last_stage) break;
+    const int to = schedule_.rank_of(s + 1);
+    if (to == pp_.rank()) {
+      ready_[{kActivation, s + 1, -1}] = out;
+    } else {
+      Pending p;
+      p.buffer = out;
+      p.work = pp_.send(out, to, tag(kActivation, s + 1, 0));
+      sends.push_back(std::move(p));
+    }
+  }
+  for (Pending& p : sends) p.work->wait();
+  return {ctx.loss_sum, ctx.num_targets};
+}
+
+std::string PipelineRuntime::describe() const {
+  return schedule_.name + ", " + std::to_string(schedule_.microbatches) + " micro-batches of " +
+         std::to_string(microbatch_size_) + " per round, " + std::to_string(rounds_) + " round" +
+         (rounds_ == 1 ? "" : "s") + " per step, " + std::to_string(schedule_.stages_per_rank) + " stage" +
+         (schedule_.stages_per_rank == 1 ? "" : "s") + " per rank";
+}
+
+double PipelineRuntime::take_recv_wait_seconds() {
+  const double s = recv_wait_s_;
+  recv_wait_s_ = 0;
+  return s;
+}
+
+}  // namespace meshtrain
