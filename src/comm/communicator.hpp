@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.hpp"
 
@@ -33,6 +34,15 @@ inline const char* collective_name(CollectiveKind k) {
   return names[int(k)];
 }
 
+/// One transfer of a batch posted by Communicator::send_recv_batch: send `tensor` to `peer`
+/// (group rank), or receive into it from `peer`; `tag` as in send() / recv().
+struct P2POp {
+  bool send = true;
+  Tensor tensor;
+  int peer = 0;
+  int tag = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,6 +61,20 @@ class Communicator {
   virtual std::unique_ptr<Work> broadcast(const Tensor& t, int root) = 0;
   virtual std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) = 0;
+  /// Posts the sends and receives of `ops` together and returns one Work per op, in order.
+  /// A backend whose transfers wait for each other unless fused overrides it: NCCL issues the
+  /// batch as one group on the communication stream, so all its transfers progress at once
+  /// (pipeline schedules rely on that; parallel/pipeline/stream_order.hpp). This default posts
+  /// each through send() / recv(), which over MPI are independent non-blocking transfers.
+  /// @throws as send() / recv(); ops posted before a failing one stay in flight in the Works
+  /// already created, which are destroyed (waited for) before the exception leaves.
+  virtual std::vector<std::unique_ptr<Work>> send_recv_batch(const std::vector<P2POp>& ops) {
+    std::vector<std::unique_ptr<Work>> works;
+    works.reserve(ops.size());
+    for (const P2POp& op : ops)
+      works.push_back(op.send ? send(op.tensor, op.peer, op.tag) : recv(op.tensor, op.peer, op.tag));
+    return works;
+  }
   /// in, out [size · n]: block j of `in` goes to rank j, block i of `out` comes from rank i.
   virtual std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) = 0;
   virtual void barrier() = 0;

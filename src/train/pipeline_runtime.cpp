@@ -114,7 +114,7 @@ void PipelineRuntime::poll_sends(bool block) {
   }
 }
 
-void PipelineRuntime::run_action(const Action& a, int64_t step, int64_t round) {
+void PipelineRuntime::run_action(const Action& a, int64_t round) {
   const int s = a.stage, j = a.microbatch;
   const int last_stage = schedule_.num_stages() - 1;
   const size_t index = size_t(&a - actions_.data());
@@ -153,43 +153,62 @@ void PipelineRuntime::run_action(const Action& a, int64_t step, int64_t round) {
       exec_of(s).backward_weight(j);
       break;
     }
-    case ActionType::kSendActivation:
-    case ActionType::kSendGradient: {
-      const bool act = a.type == ActionType::kSendActivation;
+    default:
+      throw std::logic_error("pipeline runtime: " + to_string(a) + " is not a compute action");
+  }
+}
+
+void PipelineRuntime::post_communication(const Action* first, const Action* last) {
+  std::vector<P2POp> ops;
+  std::vector<Key> receives;  // the receive key of each op (sends: unused)
+  for (const Action* a = first; a != last; ++a) {
+    const int s = a->stage, j = a->microbatch;
+    const bool act = a->type == ActionType::kSendActivation || a->type == ActionType::kRecvActivation;
+    const Kind kind = act ? kActivation : kGradient;
+    if (a->type == ActionType::kSendActivation || a->type == ActionType::kSendGradient) {
       const int to_stage = act ? s + 1 : s - 1;
-      const Key key{act ? kActivation : kGradient, to_stage, j};
+      const Key key{kind, to_stage, j};
       auto it = ready_.find(key);
       if (it == ready_.end())
-        throw std::logic_error("pipeline runtime: " + to_string(a) + " before the action producing its tensor");
-      Pending p;
-      p.buffer = it->second;
+        throw std::logic_error("pipeline runtime: " + to_string(*a) + " before the action producing its tensor");
+      ops.push_back({true, it->second, schedule_.rank_of(to_stage), tag(kind, to_stage, j)});
       ready_.erase(it);
-      trace::Span span(act ? "send activation" : "send gradient", "comm_issue");
-      span.arg("bytes", int64_t(p.buffer.nbytes())).arg("group", pp_.name());
-      p.work = pp_.send(p.buffer, schedule_.rank_of(to_stage), tag(act ? kActivation : kGradient, to_stage, j));
-      sending_.push_back(std::move(p));
-      break;
-    }
-    case ActionType::kRecvActivation:
-    case ActionType::kRecvGradient: {
-      const bool act = a.type == ActionType::kRecvActivation;
+      receives.emplace_back();
+    } else {
       const int from_stage = act ? s - 1 : s + 1;
-      Pending p;
-      p.buffer = message_buffer(j);
-      p.work = pp_.recv(p.buffer, schedule_.rank_of(from_stage), tag(act ? kActivation : kGradient, s, j));
-      receiving_[{act ? kActivation : kGradient, s, j}] = std::move(p);
-      break;
+      ops.push_back({false, message_buffer(j), schedule_.rank_of(from_stage), tag(kind, s, j)});
+      receives.push_back({kind, s, j});
     }
   }
-  (void)step;
-  poll_sends(false);
+  trace::Span span("issue send/recv", "comm_issue");
+  int64_t bytes = 0;
+  for (const P2POp& op : ops) bytes += op.send ? int64_t(op.tensor.nbytes()) : 0;
+  span.arg("bytes", bytes).arg("ops", int64_t(ops.size())).arg("group", pp_.name());
+  std::vector<std::unique_ptr<Work>> works = pp_.send_recv_batch(ops);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    Pending p{ops[k].tensor, std::move(works[k])};
+    if (ops[k].send) sending_.push_back(std::move(p));
+    else receiving_[receives[k]] = std::move(p);
+  }
 }
 
 void PipelineRuntime::run_round(int64_t step, int64_t round) {
   loader_.micro_batch(round, pc_.data->rank(), pc_.data->size(), local_batch_, round_samples_.data());
   poison_round_ = round + 1 == rounds_ && poisoned_ && poisoned_(step);
   contexts_.clear();
-  for (const Action& a : actions_) run_action(a, step, round);
+  // Each run of consecutive SEND / RECV actions goes out as one batch (one NCCL group), as
+  // check_stream_ordered() assumed when it proved the list free of deadlock.
+  for (size_t i = 0; i < actions_.size();) {
+    if (actions_[i].is_compute()) {
+      run_action(actions_[i++], round);
+    } else {
+      size_t j = i;
+      while (j < actions_.size() && !actions_[j].is_compute()) ++j;
+      post_communication(actions_.data() + i, actions_.data() + j);
+      i = j;
+    }
+    poll_sends(false);
+  }
   poll_sends(true);
   if (!ready_.empty() || !receiving_.empty())
     throw std::logic_error("pipeline runtime: the schedule left " + std::to_string(ready_.size() + receiving_.size()) +

@@ -21,8 +21,13 @@
 ///    non-blocking send of the tensor F / B / I produced, kept alive until it completes (all
 ///    are waited for at the end of the round). Waits run under the communicator's deadline
 ///    (the watchdog), so a dead neighbour is a CommError, never a hang.
-/// Message tags encode (kind, receiving stage, micro-batch), so several messages may be in
-/// flight on one channel; MPI's per-(source, tag) ordering keeps rounds apart.
+/// Each run of consecutive SEND / RECV actions is posted as one batch
+/// (Communicator::send_recv_batch): one NCCL group on the communication stream, or independent
+/// MPI transfers. validate_schedule() proved the list free of deadlock and of mismatched
+/// messages under exactly this batching (stream_order.hpp), and insert_communication() places
+/// receives so that generated schedules pass. Message tags encode (kind, receiving stage,
+/// micro-batch), so several messages may be in flight on one channel over MPI; NCCL, which has
+/// no tags, gets the same matching from the order check.
 ///
 /// The data-parallel strategy learns from the list which backward of the step is each stage's
 /// first and last (GradientSync::set_micro_batch_role): its reductions start after each stage's
@@ -85,7 +90,8 @@ class PipelineRuntime final : public StepSchedule {
     std::unique_ptr<Work> work;
   };
   void run_round(int64_t step, int64_t round);
-  void run_action(const Action& a, int64_t step, int64_t round);
+  void run_action(const Action& a, int64_t round);  // a compute action
+  void post_communication(const Action* first, const Action* last);  // one batch of SEND / RECV
   Executor& exec_of(int stage);
   StepContext& context(int mb);
   Tensor take(Kind kind, int stage, int mb);  // the received or locally produced tensor (waits)

@@ -2,8 +2,10 @@
 // its rules allow, yields lists that validate (matched sends / receives, dependency order, each
 // F / B / I / W exactly once), simulate without deadlock under unit costs, and whose bubble
 // fraction equals the papers' formula exactly (simulate.hpp states the costs and formulas).
-// The rules refuse bad (pp, m, v) combinations naming the deck key; hand-broken lists are
-// rejected with a message naming the rank and action; the CSV reader round-trips generated lists.
+// Every generated list also runs on a stream-ordered backend (NCCL: consecutive sends and
+// receives in one group, messages matched in order without tags; stream_order.hpp). The rules
+// refuse bad (pp, m, v) combinations naming the deck key; hand-broken lists are rejected with a
+// message naming the rank and action; the CSV reader round-trips generated lists.
 #define BOOST_TEST_MODULE pp_schedule
 #include <boost/test/unit_test.hpp>
 
@@ -15,6 +17,7 @@
 #include "parallel/pipeline/schedule_csv.hpp"
 #include "parallel/pipeline/simulate.hpp"
 #include "parallel/pipeline/stage_split.hpp"
+#include "parallel/pipeline/stream_order.hpp"
 
 using namespace meshtrain;
 
@@ -86,6 +89,7 @@ BOOST_AUTO_TEST_CASE(every_schedule_validates_and_meets_its_formula) {
           BOOST_TEST_CONTEXT(name << " pp " << pp << " m " << m << " v " << v) {
             const PipelineSchedule s = make_schedule(name, pp, m, v);  // validates
             ++built;
+            BOOST_CHECK_NO_THROW(check_stream_ordered(s));
             check_each_action_once(s);
             const SimulationResult r = simulate_schedule(s);
             // F + B = F + I + W = 3 units per stage and micro-batch.
@@ -176,6 +180,50 @@ BOOST_AUTO_TEST_CASE(a_send_after_a_blocking_receive_deadlocks) {
   auto& r0 = s.ranks[0];
   std::swap(r0[index_of(r0, "0SEND_F0")], r0[index_of(r0, "0RECV_B0")]);
   expect_rejected(s, "deadlocks: rank 0 waits at action 1 0RECV_B0; rank 1 waits at action 0 1RECV_F0");
+}
+
+BOOST_AUTO_TEST_CASE(receives_next_to_their_consumers_deadlock_on_nccl) {
+  // Interleaved 1F1B at pp 2 with each RECV moved right before the action that consumes it:
+  // fine for MPI's independent tagged transfers, but on one NCCL stream rank 0's group
+  // [2SEND_B0] waits for rank 1's receive, which sits behind rank 1's group [3SEND_B1
+  // 1RECV_F2], which waits for rank 0. insert_communication() posts receives earlier.
+  PipelineSchedule s = make_schedule("Interleaved1F1B", 2, 4, 2);
+  for (auto& list : s.ranks) {
+    std::vector<Action> out;
+    for (const Action& a : list) {
+      if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) continue;
+      const ActionType recv = a.type == ActionType::kForward ? ActionType::kRecvActivation : ActionType::kRecvGradient;
+      if (a.is_compute() && a.type != ActionType::kBackwardWeight &&
+          std::find(list.begin(), list.end(), Action{recv, a.stage, a.microbatch}) != list.end())
+        out.push_back({recv, a.stage, a.microbatch});
+      out.push_back(a);
+    }
+    list = std::move(out);
+  }
+  BOOST_CHECK_NO_THROW(simulate_schedule(s));
+  try {
+    check_stream_ordered(s);
+    BOOST_ERROR("the schedule was accepted");
+  } catch (const ScheduleError& e) {
+    BOOST_TEST(std::string(e.what()).find("deadlocks on a stream-ordered backend") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("rank 0 at 2B1, communication group [2SEND_B0] waiting for its partners") !=
+                   std::string::npos,
+               e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(messages_between_two_ranks_must_keep_their_order) {
+  // Rank 1 sends stage 1's activation of micro-batch 2 after stage 1's gradient of micro-batch
+  // 0, both to rank 0, which receives them the other way round: each kind's channel is still in
+  // order (MPI's tags would cope) but NCCL would fill each buffer with the other's message.
+  PipelineSchedule s = make_schedule("Interleaved1F1B", 2, 4, 2);
+  auto& r1 = s.ranks[1];
+  const Action moved = r1[index_of(r1, "1SEND_F2")];
+  r1.erase(r1.begin() + index_of(r1, "1SEND_F2"));
+  r1.insert(r1.begin() + index_of(r1, "1SEND_B0") + 1, moved);
+  BOOST_CHECK_NO_THROW(simulate_schedule(s));
+  expect_rejected(s, "rank 1 → rank 0: message 4 is sent as the gradient into stage 0 of micro-batch 0 but received "
+                     "as the activation into stage 2 of micro-batch 2 (NCCL has no message tags");
 }
 
 BOOST_AUTO_TEST_CASE(an_action_on_the_wrong_rank_is_rejected) {

@@ -343,6 +343,42 @@ std::unique_ptr<Work> NcclCommunicator::recv(const Tensor& t, int peer, int /*ta
   return finish(std::move(f), r, "ncclRecv", {t});
 }
 
+std::vector<std::unique_ptr<Work>> NcclCommunicator::send_recv_batch(const std::vector<P2POp>& ops) {
+  std::vector<std::unique_ptr<Work>> works;
+  if (ops.empty()) return works;
+  for (const P2POp& op : ops)
+    if (op.peer < 0 || op.peer >= size_)
+      throw std::invalid_argument(std::string(op.send ? "send" : "recv") + ": peer " + std::to_string(op.peer) +
+                                  " outside the group");
+  auto f = begin("send_recv batch (NCCL)");
+  const std::shared_ptr<InFlight> shared = f;
+  const auto accepted = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+  ncclResult_t result = ncclGroupStart();
+  const char* call = "ncclGroupStart";
+  if (accepted(result)) {
+    for (const P2POp& op : ops) {
+      const Tensor& t = op.tensor;
+      const ncclResult_t r = op.send ? ncclSend(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), op.peer, comm_,
+                                                dev_.comm_stream())
+                                     : ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), op.peer, comm_,
+                                                dev_.comm_stream());
+      if (!accepted(r)) {
+        result = r, call = op.send ? "ncclSend" : "ncclRecv";
+        break;
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();  // always closed, as in all_to_all
+    if (accepted(result)) result = end, call = "ncclGroupEnd";
+  }
+  works.push_back(finish(std::move(f), result, call, {ops[0].tensor}));
+  for (size_t i = 1; i < ops.size(); ++i)
+    works.push_back(std::make_unique<NcclWork>(shared, shared->event, dev_.compute_stream(),
+                                               std::vector<Tensor>{ops[i].tensor}, shared->what, group_));
+  for (const P2POp& op : ops)
+    if (op.send) count(CollectiveKind::kSendRecv, int64_t(op.tensor.nbytes()));
+  return works;
+}
+
 std::unique_ptr<Work> NcclCommunicator::all_to_all(const Tensor& in, const Tensor& out) {
   if (in.numel() != out.numel() || in.numel() % size_) throw std::invalid_argument("all_to_all: sizes");
   same_dtype(in, out, "all_to_all");

@@ -69,6 +69,13 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override;
   /// ncclRecv; see send() on tags and ordering.
   std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) override;
+  /// One NCCL group (ncclGroupStart / ncclGroupEnd) of the ops' ncclSend / ncclRecv, in order,
+  /// on the communication stream: its transfers progress concurrently, so a rank may send to
+  /// and receive from a peer that does the same. Tags are ignored as in send(). The Works share
+  /// the group's completion event and deadline; each keeps its own tensor alive. Sends count
+  /// their bytes as send_recv. @throws std::invalid_argument for a peer outside the group, and
+  /// CommError as the collectives.
+  std::vector<std::unique_ptr<Work>> send_recv_batch(const std::vector<P2POp>& ops) override;
   /// One NCCL group of size() ncclSend / ncclRecv pairs (rank j gets block j of in); in and out
   /// must not overlap.
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "parallel/pipeline/simulate.hpp"
+#include "parallel/pipeline/stream_order.hpp"
 
 namespace meshtrain {
 
@@ -272,7 +273,11 @@ PipelineSchedule make_schedule(const std::string& name, int pp, int m, int v) {
   return s;
 }
 
-void insert_communication(PipelineSchedule& s) {
+namespace {
+
+/// Each compute action with the communication next to it: RECV right before its consumer, SEND
+/// right after its producer (the lists simulate_schedule() times).
+void insert_communication_adjacent(PipelineSchedule& s) {
   const int S = s.num_stages();
   for (int r = 0; r < s.pp; ++r) {
     std::vector<Action> out;
@@ -286,6 +291,62 @@ void insert_communication(PipelineSchedule& s) {
       out.push_back(a);
       if (a.type == ActionType::kForward && next_remote) out.push_back({ActionType::kSendActivation, a.stage, a.microbatch});
       if (backward && prev_remote) out.push_back({ActionType::kSendGradient, a.stage, a.microbatch});
+    }
+    s.ranks[r] = std::move(out);
+  }
+}
+
+}  // namespace
+
+void insert_communication(PipelineSchedule& s) {
+  insert_communication_adjacent(s);
+  // Time the lists, then post each receive in the receiver's first gap between compute actions
+  // that is not before the message is sent: sender and receiver then meet in groups issued at
+  // about the same time, which is what a stream-ordered backend needs (stream_order.hpp).
+  SimulationResult sim;
+  try {
+    sim = simulate_schedule(s);
+  } catch (const ScheduleError&) {
+    return;  // a broken list: validate_schedule() names what is wrong with it
+  }
+  std::map<std::tuple<int, int, int>, int64_t> sent_at;  // (is gradient, receiving stage, mb) → producer's finish
+  for (int r = 0; r < s.pp; ++r) {
+    const std::vector<Action>& list = s.ranks[r];
+    for (size_t i = 0; i + 1 < list.size(); ++i) {
+      const Action& a = list[i + 1];
+      if (a.type == ActionType::kSendActivation) sent_at[{0, a.stage + 1, a.microbatch}] = sim.finish[r][i];
+      if (a.type == ActionType::kSendGradient) sent_at[{1, a.stage - 1, a.microbatch}] = sim.finish[r][i];
+    }
+  }
+  for (int r = 0; r < s.pp; ++r) {
+    std::vector<Action> compute;
+    std::vector<int64_t> starts;
+    std::vector<std::vector<Action>> sends(1);  // [gap k] the sends right after compute k − 1
+    for (size_t i = 0; i < s.ranks[r].size(); ++i) {
+      const Action& a = s.ranks[r][i];
+      if (a.is_compute()) {
+        compute.push_back(a);
+        starts.push_back(sim.start[r][i]);
+        sends.emplace_back();
+      } else if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
+        sends.back().push_back(a);
+      }
+    }
+    // [gap k] (send time, receive) for the gap right before compute k (k = size: after the last).
+    std::vector<std::vector<std::pair<int64_t, Action>>> recvs(compute.size() + 1);
+    for (const Action& a : s.ranks[r]) {
+      if (a.type != ActionType::kRecvActivation && a.type != ActionType::kRecvGradient) continue;
+      const int64_t t = sent_at.at({a.type == ActionType::kRecvGradient, a.stage, a.microbatch});
+      const size_t gap = size_t(std::lower_bound(starts.begin(), starts.end(), t) - starts.begin());
+      recvs[gap].push_back({t, a});
+    }
+    std::vector<Action> out;
+    for (size_t k = 0; k <= compute.size(); ++k) {
+      out.insert(out.end(), sends[k].begin(), sends[k].end());
+      std::stable_sort(recvs[k].begin(), recvs[k].end(),
+                       [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (const auto& [t, a] : recvs[k]) out.push_back(a);
+      if (k < compute.size()) out.push_back(compute[k]);
     }
     s.ranks[r] = std::move(out);
   }
@@ -415,6 +476,7 @@ void validate_schedule(const PipelineSchedule& s) {
     }
   }
   simulate_schedule(s);  // throws on deadlock
+  check_stream_ordered(s);
 }
 
 }  // namespace meshtrain

@@ -100,9 +100,16 @@ void check_schedule_rules(const std::string& name, int pp, int microbatches, int
 /// @throws ScheduleError as check_schedule_rules().
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int stages_per_rank);
 
-/// Adds the communication actions a list of compute actions needs: RECV before a stage's F / B /
-/// I when the neighbouring stage lives on another rank, SEND right after the action that
-/// produced the value. Existing communication actions are dropped first.
+/// Adds the communication actions a list of compute actions needs (existing ones are dropped
+/// first): SEND right after the F / B / I that produced the value, and RECV, for an F / B / I
+/// whose neighbouring stage lives on another rank, in the receiver's first gap between compute
+/// actions that starts no earlier than the SEND in the unit-cost simulation (simulate.hpp) —
+/// so each receive is posted about when its message is sent, and on a stream-ordered backend
+/// the sender's and the receiver's groups meet (stream_order.hpp). Receives posted early cost
+/// only their buffers; the simulated timeline (and so the bubble) is that of placing every
+/// RECV right before its consumer. Lists that cannot be simulated (a missing action, a
+/// deadlock) keep each RECV right before its consumer, for validate_schedule() to diagnose.
+/// Throws nothing.
 void insert_communication(PipelineSchedule& s);
 
 /// Checks that `s` can run: every action's stage lives on the rank whose list holds it; each
@@ -111,7 +118,9 @@ void insert_communication(PipelineSchedule& s);
 /// matched by a SEND after F(s − 1, mb) on the other); each B / I after its F and after its
 /// output gradient is available (likewise from B / I(s + 1, mb)); every SEND has exactly one
 /// RECV and vice versa, matched in the same order on each (sender, receiver, kind) channel; and
-/// the lists finish under the unit-cost simulation (simulate.hpp), i.e. no deadlock.
+/// the lists finish under the unit-cost simulation (simulate.hpp), i.e. no deadlock; and they
+/// also finish, with every message matched to its own buffer, on a stream-ordered backend
+/// such as NCCL (check_stream_ordered, stream_order.hpp).
 /// @throws ScheduleError naming the rank, the action (to_string form) and the rule broken.
 void validate_schedule(const PipelineSchedule& s);
 

@@ -35,6 +35,12 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   SimulationResult out;
   out.busy.assign(P, 0);
   out.peak_in_flight.assign(P, 0);
+  out.start.resize(P);
+  out.finish.resize(P);
+  for (int r = 0; r < P; ++r) {
+    out.start[r].assign(s.ranks[r].size(), -1);
+    out.finish[r].assign(s.ranks[r].size(), -1);
+  }
   // (is gradient, sending stage, mb) → time the message is available to its receiver
   std::map<std::tuple<bool, int, int>, int64_t> arrived;
   struct Slot {
@@ -57,7 +63,9 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
         } else {
           const int64_t c = cost_of(a, costs);
           slots[r].push_back({now[r], c, to_string(a)});
+          out.start[r][pos[r]] = now[r];
           now[r] += c;
+          out.finish[r][pos[r]] = now[r];
           out.busy[r] += c;
           if (a.type == ActionType::kForward) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
           if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) --in_flight[r];

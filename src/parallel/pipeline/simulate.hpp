@@ -41,6 +41,9 @@ struct SimulationResult {
   std::vector<int64_t> busy;        ///< [pp] compute time per rank
   std::vector<int64_t> idle;        ///< [pp] makespan − busy
   std::vector<int> peak_in_flight;  ///< [pp] most (stage, micro-batch) forwards whose B / I has not run yet
+  /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
+  /// communication actions.
+  std::vector<std::vector<int64_t>> start, finish;
   /// [pp][makespan] the compute action occupying each unit slot (to_string form), "" when idle.
   std::vector<std::vector<std::string>> timeline;
 
