@@ -4,8 +4,9 @@ send per training step (the "comm_bytes" field of metrics.jsonl) against the rin
 computed here, independently, from the model's shape: DDP, ZeRO-1, ZeRO-2, FSDP (ZeRO-3, also
 with gradient accumulation and with fsdp_reshard_after_forward=never), HSDP (2 x N/2) and tensor
 parallelism (TP 2 under FSDP, ZeRO-2, HSDP and DDP; TP alone; without sequence parallelism;
-without loss parallelism; with activation checkpointing; with uneven vocabulary / FFN splits) at 4
-and 8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1
+without loss parallelism; with activation checkpointing; with uneven vocabulary / FFN splits) and
+pipeline parallelism (pp alone; pp 2 under FSDP, DDP, ZeRO-2, HSDP-free TP 2; 1F1B, GPipe,
+Interleaved1F1B, ZBVZeroBubble; two rounds of accumulation) at 4 and 8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1
 on any mismatch (or failed run).
 
 Formulas (4-byte floats; units = embedding, each block, norm + output head; align16(x) = x rounded
@@ -38,6 +39,17 @@ ar(x) = floor(2*x*(T-1)/T) (all_reduce of x):
   no SP   tp all_reduce         M * K * ar(A)                          (enable_sequence_parallel=false)
           tp all_gather         M * ag(Z)
   both    tp all_reduce       + ar(4*E)                                (once per step, if E > 0)
+Pipeline parallelism of degree P (pp layouts, 6 blocks): rank 0 holds pp rank 0's stages, split by
+TorchTitan's rule (the embedding and the output head count as one layer each; L + 2 effective
+layers over P*v stages, the first stages taking the remainder; loop placement: stages 0, P, 2P, ...;
+V placement (ZBVZeroBubble): stages 0 and 2P - 1). The data-parallel and tp terms above then apply to
+that rank's units only, with, under pp, every reduction and ZeRO-3 all-gather once per step (M = 1,
+no re-gather: gathered parameters stay until the step's last backward), K = 4*L_0 + [embedding] +
+[head] + 2*C_0 over the rank's L_0 blocks, and the loss gather only on the last stage. On group pp:
+  PP      pp send_recv          M_pp * A_pp * sum over rank 0's stages x of ([x + 1 on another rank]
+                                + [x - 1 on another rank])
+with M_pp = micro-batches per step (per round times rounds), A_pp = 4*b_mb*s*h / T under sequence
+parallelism (the token shard each tp rank exchanges), 4*b_mb*s*h without, b_mb the micro-batch size.
 Z = the loss's gathered [T, b*s, 3] floats, 4*T*b*s*3 (vocab-parallel cross-entropy), or the
 gathered logits [T, b*s, ceil(V/T)], 4*T*b*s*ceil(V/T) (disable_loss_parallel=true). E = the
 elements rank 0 holds of the partial-gradient replicated parameters, all-reduced over tp after
@@ -99,7 +111,17 @@ LAYOUTS = {
     "tp-nosp-sac": (1, "N/2", 3, 1, None, {"tp": 2, "sp": False, "ac": "selective", "ac_option": 2}),
     "tp-uneven": (1, "N/2", 3, 1, None, {"tp": 2, "loss_parallel": False,
                                          "model": {"vocab_size": 515, "ffn_hidden_dim": 250}}),
+    # Pipeline layouts: pp degree, schedule, micro-batches per round (micro-batch size 1), 6 blocks;
+    # "ranks": the rank counts run (at 8 these would only change the fsdp shard, as pp-fsdp shows).
+    "pp": (1, 1, None, 1, None, {"pp": "N", "schedule": "1F1B", "m": "2N"}),
+    "pp-fsdp": (1, "N/2", 3, 1, None, {"pp": 2, "schedule": "1F1B", "m": 4}),
+    "pp-fsdp-ga2": (1, "N/2", 3, 2, None, {"pp": 2, "schedule": "1F1B", "m": 2, "ranks": (4,)}),
+    "pp-ddp": ("N/2", 1, None, 1, None, {"pp": 2, "schedule": "GPipe", "m": 2, "ranks": (4,)}),
+    "pp-zero2-il": (1, "N/2", 2, 1, None, {"pp": 2, "schedule": "Interleaved1F1B", "m": 4, "ranks": (4,)}),
+    "pp-zbv": (1, "N/2", 3, 1, None, {"pp": 2, "schedule": "ZBVZeroBubble", "m": 4, "ranks": (4,)}),
+    "pp-tp": (1, "N/4", 3, 1, None, {"pp": 2, "tp": 2, "schedule": "1F1B", "m": 2}),
 }
+PP_LAYERS = 6  # blocks of the pp layouts' model (--model.n_layers), so stages split unevenly
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,6 +215,45 @@ def write_result(path, fields):
 # ---------------------------------------------------------------------------------------------
 # The reference volumes
 # ---------------------------------------------------------------------------------------------
+
+MULTI_STAGE = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def stage_blocks(num_stages, L, first_less=1, last_less=1):
+    """The blocks of each stage: TorchTitan's split of L + first_less + last_less effective layers
+    (the embedding and the head weigh first_less / last_less layers) over num_stages, the first
+    stages taking the remainder."""
+    base, extra = divmod(L + first_less + last_less, num_stages)
+    out, start = [], 0
+    for i in range(num_stages):
+        n = base + (i < extra) - (first_less if i == 0 else 0) - (last_less if i == num_stages - 1 else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def rank0_stages(schedule, P, v):
+    """The stages pp rank 0 holds, and the pp rank of a stage (loop or V placement)."""
+    if schedule == "ZBVZeroBubble":
+        return [0, 2 * P - 1], (lambda x: x if x < P else 2 * P - 1 - x)
+    return [c * P for c in range(v)], (lambda x: x % P)
+
+
+def rank0_units(units, stages, num_stages, blocks):
+    """The units (model_units) of pp rank 0's stages."""
+    keep = {f"layers.{i}" for x in stages for i in blocks[x]}
+    if 0 in stages:
+        keep.add("tok_embeddings")
+    if num_stages - 1 in stages:
+        keep.add("output")
+    return [u for u in units if u[0] in keep]
+
+
+def expected_pp_bytes(stages, num_stages, rank_of, M_pp, b_mb, s, D, T, sp):
+    """{("pp", "send_recv"): bytes per step} that pp rank 0 sends (see the docstring)."""
+    msg = FLOAT_BYTES * b_mb * s * D // (T if sp and T > 1 else 1)
+    sends = sum(int(x + 1 < num_stages and rank_of(x + 1) != 0) + int(x > 0 and rank_of(x - 1) != 0) for x in stages)
+    return {("pp", "send_recv"): Fraction(M_pp * msg * sends)} if sends else {}
 
 def align16(x):
     return (x + ALIGN - 1) // ALIGN * ALIGN
@@ -308,18 +369,21 @@ def checkpointed_blocks(L, ac, ac_option):
     return 0
 
 
-def expected_tp_bytes(m, units, T, N, M, b, s, sp, loss_parallel, recomputed):
-    """{("tp", collective): bytes per step per rank} for tp degree T > 1 (see the docstring)."""
+def expected_tp_bytes(m, units, T, N, M, b, s, sp, loss_parallel, recomputed, blocks=None, ends=2, head=True):
+    """{("tp", collective): bytes per step per rank} for tp degree T > 1 (see the docstring).
+    blocks / ends / head: the rank's blocks (default all), how many of the embedding and the
+    output head it holds, and whether it computes the loss (pipeline stages hold a part)."""
     if T == 1:
         return {}
-    D, L, V = m["dim"], m["n_layers"], m["vocab_size"]
+    D, V = m["dim"], m["vocab_size"]
+    L = m["n_layers"] if blocks is None else blocks
     n_tok = b * s
     act = FLOAT_BYTES * n_tok * D                  # one [N_tok, h] activation
     ag_rs = lambda size: size * (T - 1) // T       # all_gather / reduce_scatter, per call
     ar = lambda size: 2 * size * (T - 1) // T      # all_reduce, per call
-    calls = 4 * L + 2 + 2 * recomputed             # per micro-batch: blocks, embedding + head, recompute
+    calls = 4 * L + ends + 2 * recomputed          # per micro-batch: blocks, embedding + head, recompute
     loss = FLOAT_BYTES * T * n_tok * (3 if loss_parallel else ceil_div(V, T))
-    exp = {("tp", "all_gather"): M * ag_rs(loss)}
+    exp = {("tp", "all_gather"): M * ag_rs(loss) if head else 0}
     if sp:
         exp[("tp", "all_gather")] += M * calls * ag_rs(act)
         exp[("tp", "reduce_scatter")] = M * calls * ag_rs(act)
@@ -357,10 +421,11 @@ def read_deck(path):
 def resolve(layout, n):
     """(R, S, zero, M, reshard, tp options with the degree resolved) of a layout at n ranks."""
     R, S, zero, M, reshard, *rest = LAYOUTS[layout]
-    val = {"N": n, "N/2": n // 2, "N/4": n // 4, 1: 1, 2: 2}
+    val = {"N": n, "N/2": n // 2, "N/4": n // 4, "2N": 2 * n, 1: 1, 2: 2, 4: 4}
     tp = dict(rest[0]) if rest else {}
-    if tp:
-        tp["tp"] = val[tp["tp"]]
+    for k in ("tp", "pp", "m"):
+        if k in tp:
+            tp[k] = val[tp[k]]
     return val[R], val[S], zero, M, reshard, tp
 
 
@@ -411,22 +476,30 @@ def main():
         for n in args.ranks:
             for layout in args.layouts:
                 R, S, zero, M, reshard, tp = resolve(layout, n)
-                T = tp.get("tp", 1)
-                if R * S * T != n or ("hsdp" in layout and S < 2):
+                T, P = tp.get("tp", 1), tp.get("pp", 1)
+                if R * S * T * P != n or ("hsdp" in layout and S < 2) or n not in tp.get("ranks", (n,)):
                     continue
-                over = deck_over + [f"--training.local_batch_size={lbs}",
+                if P > 1 and deck_name != "tiny":
+                    continue  # tied embeddings under pp add the embedding-group exchange; not modelled
+                local = tp["m"] if P > 1 else lbs  # pp: micro-batches of 1 sample
+                over = deck_over + [f"--training.local_batch_size={local}",
                                     f"--parallelism.data_parallel_replicate_degree={R}",
                                     f"--parallelism.data_parallel_shard_degree={S}",
                                     f"--training.steps={args.steps}"]
-                over.append(f"--training.global_batch_size={M * lbs * R * S}")
+                over.append(f"--training.global_batch_size={M * local * R * S}")
                 if zero is not None:
                     over.append(f"--parallelism.zero_stage={zero}")
                 if reshard is not None:
                     over.append(f"--parallelism.fsdp_reshard_after_forward={reshard}")
+                if P > 1:
+                    over += [f"--parallelism.pipeline_parallel_degree={P}",
+                             f"--parallelism.pipeline_parallel_schedule={tp['schedule']}",
+                             f"--model.n_layers={PP_LAYERS}"]
                 if tp:
-                    if base_model is None:
-                        base_model = model_shape(args.binary, deck)
-                    over += head_overrides(base_model, T) + [f"--parallelism.tensor_parallel_degree={T}"]
+                    if T > 1:
+                        if base_model is None:
+                            base_model = model_shape(args.binary, deck)
+                        over += head_overrides(base_model, T) + [f"--parallelism.tensor_parallel_degree={T}"]
                     over += [f"--model.{k}={v}" for k, v in tp.get("model", {}).items()]
                     if not tp.get("sp", True):
                         over.append("--parallelism.enable_sequence_parallel=false")
@@ -441,7 +514,8 @@ def main():
                 recs, _, err = train(args.binary, deck, data, os.path.join(args.out, tag), n, over,
                                      timeout=args.timeout)
                 run = {"deck": deck_name, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S,
-                       "tp": T, "zero_stage": zero, "micro_batches": M, "reshard": reshard, "overrides": over}
+                       "tp": T, "pp": P, "zero_stage": zero, "micro_batches": M, "reshard": reshard,
+                       "overrides": over}
                 if err:
                     record_failure(runs, run, err)
                     failed = True
@@ -461,9 +535,32 @@ def main():
                 for g, colls in (last.get("comm_bytes") or {}).items():
                     for c, bytes_ in colls.items():
                         counted[(g, c)] = bytes_
-                expected = expected_bytes(units_run, R, S, M, zero if S > 1 else None, reshard)
-                expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M, b, seq, sp, loss_parallel,
-                                                  recomputed))
+                P_run = par["pipeline_parallel_degree"]
+                if P_run == 1:
+                    expected = expected_bytes(units_run, R, S, M, zero if S > 1 else None, reshard)
+                    expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M, b, seq, sp, loss_parallel,
+                                                      recomputed))
+                else:
+                    schedule = par.get("pipeline_parallel_schedule", "1F1B")
+                    b_mb = par.get("pipeline_parallel_microbatch_size", 1)
+                    v = 2 if schedule in MULTI_STAGE else 1
+                    num_stages = P_run * v
+                    blocks = stage_blocks(num_stages, m_run["n_layers"])
+                    stages, rank_of = rank0_stages(schedule, P_run, v)
+                    units_run = rank0_units(units_run, stages, num_stages, blocks)
+                    mine = [i for x in stages for i in blocks[x]]
+                    ends = int(0 in stages) + int(num_stages - 1 in stages)
+                    rec = {"full": len(mine), "selective": sum(1 for i in mine if i % int(ac["selective_ac_option"]) == 0),
+                           "none": 0}[ac["mode"]]
+                    M_pp = M * (b // b_mb)  # rounds x micro-batches per round
+                    expected = expected_bytes(units_run, R, S, 1, zero if S > 1 else None, "never")
+                    expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M_pp, b_mb, seq, sp, loss_parallel,
+                                                      rec, blocks=len(mine), ends=ends,
+                                                      head=num_stages - 1 in stages))
+                    expected.update(expected_pp_bytes(stages, num_stages, rank_of, M_pp, b_mb, seq, m_run["dim"],
+                                                      T_run, sp))
+                    run.update({"schedule": schedule, "stages_of_pp_rank0": stages,
+                                "blocks_of_pp_rank0": mine, "pp_micro_batches": M_pp})
                 run.update({"step": last.get("step"), "comm_bytes": last.get("comm_bytes"),
                             "comm_wait_s": last.get("comm_wait_s"), "step_time_s": last.get("step_time_s"),
                             "unit_shard_elems": [unit_shard(u, S) for u in units_run] if S > 1 else None,
@@ -489,17 +586,17 @@ def main():
                                              (float(e) if e is not None else None)),
                                  "match": ok})
 
-    hdr = f"{'deck':6} {'layout':11} {'ranks':>5} {'group':13} {'collective':15} {'counted B/step':>15} " \
+    hdr = f"{'deck':6} {'layout':12} {'ranks':>5} {'group':13} {'collective':15} {'counted B/step':>15} " \
           f"{'formula B/step':>15} match"
     print()
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        print(f"{r['deck']:6} {r['layout']:11} {r['ranks']:5} {r['group']:13} {r['collective']:15} "
+        print(f"{r['deck']:6} {r['layout']:12} {r['ranks']:5} {r['group']:13} {r['collective']:15} "
               f"{fmt(r['counted']):>15} {fmt(r['formula']):>15} {'yes' if r['match'] else 'NO'}")
     for r in runs:
         if "error" in r:
-            print(f"{r['deck']:6} {r['layout']:11} {r['ranks']:5} run error: {r['error'].splitlines()[0]}")
+            print(f"{r['deck']:6} {r['layout']:12} {r['ranks']:5} run error: {r['error'].splitlines()[0]}")
     write_result(args.json, {"steps": args.steps, "rows": rows, "runs": runs, "all_match": not failed})
     print(f"\n{'all counters match' if not failed else 'MISMATCH'}; wrote {args.json}")
     sys.exit(1 if failed else 0)

@@ -270,7 +270,7 @@ void ShardedDataParallel::post_backward(size_t u, int64_t) {
   const size_t f = size_t(plan_.unit_of[u]);
   if (u == plan_.units[f].members.front()) {  // the unit's gradients are complete
     if (last_ || (shards_grads() && !opt_.reduce_once_per_step)) start_reduce(f);
-    if (shards_params()) release_params(f);
+    if (shards_params() && (last_ || !opt_.reduce_once_per_step)) release_params(f);
   }
   poll();
 }

@@ -10,7 +10,8 @@
 ///    unit computes: prefetch), free after it when resharding after forward (never the last
 ///    unit, whose backward follows at once);
 ///  - backward: all-gather again (prefetching the previous unit), then after the unit's
-///    backward reduce-scatter its unsharded gradients into the shard and free both;
+///    backward reduce-scatter its unsharded gradients into the shard and free both (under
+///    reduce_once_per_step, pipeline parallelism: both stay until the step's last backward);
 ///  - ZeRO-2 reduce-scatters every micro-batch too but keeps replicated parameters, refreshed by
 ///    an all-gather of the updated shards after the optimizer step; ZeRO-1 keeps replicated
 ///    gradients as well and reduce-scatters once, after the last micro-batch;
@@ -47,6 +48,10 @@ struct ShardedOptions {
   /// reduce-scatter them once, after the unit's last backward (TorchTitan's FSDP under pipeline
   /// parallelism). Costs a stage's unsharded gradients in memory, saves m − 1 reduce-scatters
   /// per unit, and lets zero-bubble schedules defer weight gradients of several micro-batches.
+  /// ZeRO-3 then also keeps a unit's gathered parameters from its first all-gather of the step
+  /// until its last backward (FSDP2's reshard_after_backward only on the last micro-batch, as
+  /// PyTorch's pipeline stages set it): one all-gather per unit and step, whatever order the
+  /// schedule runs micro-batches in, instead of one per backward.
   bool reduce_once_per_step = false;
 };
 
