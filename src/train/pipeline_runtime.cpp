@@ -135,6 +135,8 @@ void PipelineRuntime::run_action(const Action& a, int64_t round) {
     case ActionType::kBackwardInput: {
       StepContext& ctx = context(j);
       const Tensor dout = s == last_stage ? Tensor() : take(kGradient, s, j);
+      if (poison_round_ && j + 1 == schedule_.microbatches && dout.defined())
+        model_.device().fill(dout, std::numeric_limits<float>::quiet_NaN());
       bool first = false, last = false;
       if (a.type == ActionType::kBackward) {
         const auto& span = backward_span_.at(s);

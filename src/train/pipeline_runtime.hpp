@@ -61,7 +61,10 @@ class PipelineRuntime final : public StepSchedule {
  public:
   /// `stages`: this rank's stages (schedule.stages_of(pp.rank()), any order); `schedule` must
   /// be validated (validate_schedule). `pp` carries activations (device tensors). Loss and
-  /// poisoning as AccumulationSchedule. All references must outlive the runtime.
+  /// poisoning as AccumulationSchedule, on every stage: the last stage's loss gradient of the
+  /// step's last micro-batch is NaN, and so is the output gradient that this rank's other
+  /// stages' backward of that micro-batch receives ([debug] inject_nonfinite_grad_*, so a rank
+  /// without the loss can be the faulty one). All references must outlive the runtime.
   /// @throws std::invalid_argument when `stages` are not this rank's, or local_batch is not a
   /// multiple of microbatch_size · m … (config validation rejects such decks first).
   PipelineRuntime(Transformer& model, std::vector<PipelineStage> stages, PipelineSchedule schedule, GradientSync& sync,

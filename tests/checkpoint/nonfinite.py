@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Non-finite steps never reach the optimizer or a checkpoint. On each layout ([debug]
+"""Non-finite steps never reach the optimizer or a checkpoint. On each layout (DDP 2, FSDP 2,
+TP 2 x FSDP 2, pp 2 x FSDP 2 with the fault on a stage without the loss; [debug]
 inject_nonfinite_grad_step makes one rank's gradient NaN at one step, before any reduction):
 
 stop mode (skip_nonfinite_steps = 0): every rank stops at the poisoned step with exit status 5 and
@@ -30,9 +31,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from compare_runs import run_arguments  # noqa: E402
 
 P = "--parallelism"
+# "NAME NP [rank=R] [overrides]": the fault goes to rank R (default NP - 1). pp2_fsdp2 poisons rank 0,
+# which holds pipeline stage 0 and no loss: its gradient goes bad through the output gradient it
+# receives, GPipe with 2 rounds of accumulation.
 LAYOUTS = [f"ddp2 2 {P}.data_parallel_replicate_degree=2 {P}.data_parallel_shard_degree=1",
            "fsdp2 2",
-           f"tp2_fsdp2 4 {P}.tensor_parallel_degree=2"]
+           f"tp2_fsdp2 4 {P}.tensor_parallel_degree=2",
+           f"pp2_fsdp2 4 rank=0 {P}.pipeline_parallel_degree=2 {P}.pipeline_parallel_schedule=GPipe"]
 
 
 def train(args, np_, folder, extra):
@@ -72,11 +77,11 @@ def optimizer_step(path):
         return int(f["train_state"].attrs["optimizer_step"])
 
 
-def check_layout(args, name, np_, overrides):
+def check_layout(args, name, np_, overrides, rank):
     out = os.path.join(args.out, name)
     shutil.rmtree(out, ignore_errors=True)
     checks, log = [], []
-    inject = ["--debug.inject_nonfinite_grad_step=3", f"--debug.inject_nonfinite_grad_rank={np_ - 1}"]
+    inject = ["--debug.inject_nonfinite_grad_step=3", f"--debug.inject_nonfinite_grad_rank={rank}"]
 
     ref = os.path.join(out, "reference")
     rc, text, cmd = train(args, np_, ref, overrides + ["--training.steps=6", "--checkpoint.interval=2"])
@@ -138,12 +143,15 @@ def check_layout(args, name, np_, overrides):
 
 def main():
     p = run_arguments(__doc__)
-    p.add_argument("--layout", action="append", default=[], help='"NAME NP [--section.key=value ...]"')
+    p.add_argument("--layout", action="append", default=[], help='"NAME NP [rank=R] [--section.key=value ...]"')
     args = p.parse_args()
     checks, logs = [], []
     for spec in args.layout or LAYOUTS:
         name, np_, *overrides = spec.split()
-        c, log = check_layout(args, name, int(np_), overrides)
+        rank = int(np_) - 1
+        if overrides and overrides[0].startswith("rank="):
+            rank = int(overrides.pop(0)[len("rank="):])
+        c, log = check_layout(args, name, int(np_), overrides, rank)
         checks += c
         logs.append(log)
     report(checks, "\n".join(logs))
