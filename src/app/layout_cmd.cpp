@@ -1,5 +1,6 @@
 // `meshtrain layout --deck FILE --world-size N [--topology FILE] [--csv FILE] [--section.key=value ...]`:
-// lays out a deck on N simulated ranks (no MPI launch) and prints the layout report.
+// lays out a deck on N simulated ranks (no MPI launch) and prints the layout report, and under
+// pipeline parallelism the schedule and every pp rank's stages with their layers.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -8,6 +9,7 @@
 #include "app/commands.hpp"
 #include "app/deck_args.hpp"
 #include "config/deck_parser.hpp"
+#include "config/pipeline_plan.hpp"
 #include "layout/comm_volume.hpp"
 #include "util/errors.hpp"
 
@@ -32,6 +34,12 @@ int cmd_layout(int argc, char** argv) {
               (long long)dims.cp, (long long)dims.tp, (long long)cfg.topology.ranks_per_node,
               topo_file.empty() ? "" : (", topology " + topo_file).c_str());
   std::fputs(layout_report_with_volume(layout, cfg).c_str(), stdout);
+  if (dims.pp > 1) {
+    const PipelinePlan plan = cfg.pipeline_plan(dims);
+    std::printf("pipeline: %s, %lld micro-batches of %lld per round, %d stages\n%s", plan.schedule.name.c_str(),
+                (long long)plan.microbatches, (long long)plan.microbatch_size, plan.schedule.num_stages(),
+                describe_stage_placement(plan).c_str());
+  }
   if (!csv.empty()) {
     const std::string tmp = csv + ".tmp";
     std::ofstream(tmp) << layout_csv(layout);

@@ -1,17 +1,20 @@
 // `meshtrain pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V |
-// --layers L --layers-per-stage K]` or `meshtrain pp schedule --csv FILE [--stages-per-rank V]
-// [--placement loop|v]`: generates (or reads) and checks a pipeline schedule, prints its
-// unit-cost timeline, simulated bubble next to the papers' formula, and peak in-flight
-// micro-batches per rank. Serial; no MPI launch.
+// --layers L --layers-per-stage K [--first-stage-less-layers A] [--last-stage-less-layers B]]`
+// or `meshtrain pp schedule --csv FILE [--stages-per-rank V] [--placement loop|v]`: generates
+// (or reads) and checks a pipeline schedule, prints its unit-cost timeline, simulated bubble
+// next to the papers' formula, and peak in-flight micro-batches per rank; with --layers, the
+// stage split of the blocks as a deck with those keys gets it. Serial; no MPI launch.
 #include <charconv>
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "app/commands.hpp"
 #include "parallel/pipeline/schedule.hpp"
 #include "parallel/pipeline/schedule_csv.hpp"
 #include "parallel/pipeline/simulate.hpp"
+#include "parallel/pipeline/stage_split.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain::app {
@@ -20,7 +23,8 @@ namespace {
 
 const char* kUsage =
     "usage: meshtrain pp schedule --schedule NAME --pp N --microbatches M "
-    "[--stages-per-rank V | --layers L --layers-per-stage K]\n"
+    "[--stages-per-rank V | --layers L --layers-per-stage K [--first-stage-less-layers A] "
+    "[--last-stage-less-layers B]]\n"
     "       meshtrain pp schedule --csv FILE [--stages-per-rank V] [--placement loop|v]";
 
 int to_int(const std::string& flag, const std::string& text) {
@@ -81,7 +85,8 @@ int cmd_pp(int argc, char** argv) {
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag != "--schedule" && flag != "--pp" && flag != "--microbatches" && flag != "--stages-per-rank" &&
-        flag != "--layers" && flag != "--layers-per-stage" && flag != "--csv" && flag != "--placement")
+        flag != "--layers" && flag != "--layers-per-stage" && flag != "--csv" && flag != "--placement" &&
+        flag != "--first-stage-less-layers" && flag != "--last-stage-less-layers")
       throw ConfigError("meshtrain pp schedule: unknown option '" + flag + "'\n" + kUsage);
     if (i + 1 >= argc) throw ConfigError("meshtrain pp schedule: " + flag + " needs a value\n" + kUsage);
     opt[flag] = argv[i + 1];
@@ -100,16 +105,25 @@ int cmd_pp(int argc, char** argv) {
   if (opt.count("--stages-per-rank")) v = to_int("--stages-per-rank", opt["--stages-per-rank"]);
   if (opt.count("--layers-per-stage") != opt.count("--layers"))
     throw ConfigError("meshtrain pp schedule: --layers-per-stage and --layers go together\n" + std::string(kUsage));
+  std::vector<StageLayers> split;
   if (opt.count("--layers-per-stage")) {
     if (opt.count("--stages-per-rank"))
       throw ConfigError("meshtrain pp schedule: give --stages-per-rank or --layers/--layers-per-stage, not both");
     const int layers = to_int("--layers", opt["--layers"]);
     const int per_stage = to_int("--layers-per-stage", opt["--layers-per-stage"]);
-    if (layers % per_stage != 0 || (layers / per_stage) % pp != 0)
-      throw ConfigError("[parallelism] pipeline_parallel_layers_per_stage = " + std::to_string(per_stage) + ": " +
-                        std::to_string(layers) + " layers must split into stages of that many layers, a multiple of pp = " +
-                        std::to_string(pp) + " stages");
-    v = layers / per_stage / pp;
+    auto weight = [&](const std::string& flag) {  // TorchTitan's default weight is 1; 0 is allowed
+      if (!opt.count(flag)) return int64_t(1);
+      return opt[flag] == "0" ? int64_t(0) : int64_t(to_int(flag, opt[flag]));
+    };
+    const int64_t first = weight("--first-stage-less-layers"), last = weight("--last-stage-less-layers");
+    try {
+      v = stages_per_rank_for(name, pp, layers, per_stage, first, last);
+      split = split_stages(pp * v, layers, first, last);
+    } catch (const ScheduleError& e) {
+      throw ConfigError(e.what());
+    }
+  } else if (opt.count("--first-stage-less-layers") || opt.count("--last-stage-less-layers")) {
+    throw ConfigError("meshtrain pp schedule: --first/--last-stage-less-layers need --layers and --layers-per-stage");
   }
   PipelineSchedule s;
   try {
@@ -118,6 +132,15 @@ int cmd_pp(int argc, char** argv) {
     throw ConfigError(e.what());
   }
   print_schedule(s, true);
+  if (!split.empty()) {
+    std::printf("stages (TorchTitan's split of the layers, the embedding and the output weighing the _less_layers "
+                "values):\n");
+    for (int r = 0; r < pp; ++r) {
+      std::printf("  rank %d:", r);
+      for (int st : s.stages_of(r)) std::printf(" stage %d (%s)", st, describe(split[size_t(st)]).c_str());
+      std::printf("\n");
+    }
+  }
   return kExitOk;
 }
 

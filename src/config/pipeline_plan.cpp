@@ -72,6 +72,16 @@ std::vector<StageLayers> JobConfig::pipeline_stages(const ParallelDims& d) const
   }
 }
 
+std::string describe_stage_placement(const PipelinePlan& plan) {
+  std::string out;
+  for (int r = 0; r < int(plan.schedule.ranks.size()); ++r) {
+    out += "  pp rank " + std::to_string(r) + ":";
+    for (int s : plan.schedule.stages_of(r)) out += " stage " + std::to_string(s) + " (" + describe(plan.stages[size_t(s)]) + ")";
+    out += "\n";
+  }
+  return out;
+}
+
 PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d) const {
   PipelinePlan plan;
   const int64_t local = training.local_batch_size;

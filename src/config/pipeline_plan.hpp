@@ -16,6 +16,7 @@
 ///     hold pp rank lines and m micro-batches. The generator's rules on m do not apply: TorchTitan
 ///     runs a CSV through _PipelineScheduleRuntime, which has none.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "config/job_config.hpp"
@@ -36,5 +37,10 @@ struct PipelinePlan {
   int64_t microbatch_size = 1;  ///< samples per micro-batch
   int64_t microbatches = 1;     ///< m, micro-batches per pipeline round
 };
+
+/// Lines naming every pp rank's stages and their layers, one per pp rank:
+/// "  pp rank 0: stage 0 (embedding + layers 0-2) stage 2 (layers 6-8)" — what the start-up log
+/// and `meshtrain layout` print. Empty when the plan has no schedule (pp = 1). Throws nothing.
+std::string describe_stage_placement(const PipelinePlan& plan);
 
 }  // namespace meshtrain

@@ -345,14 +345,10 @@ void Trainer::log_start() {
             dcomms_->backend());
   log::info("layout:\n" + layout_report(layout_));
   if (pipelined_) {
-    std::string stages;
-    for (int r = 0; r < plan_.schedule.pp; ++r) {
-      stages += "\n  pp rank " + std::to_string(r) + ":";
-      for (int s : plan_.schedule.stages_of(r))
-        stages += " stage " + std::to_string(s) + " (" + describe(plan_.stages[size_t(s)]) + ")";
-    }
+    std::string stages = describe_stage_placement(plan_);
+    if (!stages.empty()) stages.pop_back();  // the log adds its own line end
     log::info("pipeline: " + schedule_->describe() + "; " + std::to_string(plan_.schedule.num_stages()) +
-              " stages" + stages);
+              " stages\n" + stages);
   }
   log::info("data: " + cfg_.training.dataset + ", " + std::to_string(loader_.num_samples()) + " train samples, " +
             std::to_string(val_loader_.num_samples()) + " validation samples; validation unigram entropy " +
