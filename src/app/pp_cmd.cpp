@@ -55,7 +55,7 @@ void print_schedule(const PipelineSchedule& s, bool with_formula) {
     const BubbleFormula f = textbook_bubble(s);
     std::printf(", %s = %.4f", f.text.c_str(), f.value);
   }
-  std::printf("\npeak in-flight micro-batches per rank (forwards awaiting their backward, per stage):");
+  std::printf("\npeak in-flight micro-batches per rank (forwards whose B, or W when split, has not run; per stage):");
   for (int p : r.peak_in_flight) std::printf(" %d", p);
   std::printf("\n");
 }

@@ -435,11 +435,14 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
   double peak_all = double(mem.total_peak);  // the largest rank's peak
   world_.all_reduce_host(&peak_all, 1, ReduceOp::kMax);
   // Stages differ: the largest peak of each pp rank (its stages' activations in flight).
-  // [0, pp): the largest memory peak per pp rank; [pp, 2·pp): the longest receive wait (s).
-  std::vector<double> per_stage(size_t(2 * dims_.pp), 0.0);
+  // [0, pp): the largest memory peak per pp rank; [pp, 2·pp): the longest receive wait (s);
+  // [2·pp, 3·pp): the largest peak of the activations category (saved tensors, messages).
+  std::vector<double> per_stage(size_t(3 * dims_.pp), 0.0);
   if (pipelined_) {
-    per_stage[size_t(pc_.pp->rank())] = double(mem.total_peak);
-    per_stage[size_t(dims_.pp + pc_.pp->rank())] = static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
+    const size_t me = size_t(pc_.pp->rank()), pp = size_t(dims_.pp);
+    per_stage[me] = double(mem.total_peak);
+    per_stage[pp + me] = static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
+    per_stage[2 * pp + me] = double(mem.peak[size_t(MemCategory::kActivations)]);
     world_.all_reduce_host(per_stage.data(), int(per_stage.size()), ReduceOp::kMax);
   }
   const double avg = step > first_step_ ? timed_s_ / double(step - first_step_) : dt;
@@ -451,8 +454,10 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
                    {"memory_reserved_bytes", mem.reserved_bytes}, {"eta_s", eta}});
   if (pipelined_) {
     const std::vector<int64_t> peaks(per_stage.begin(), per_stage.begin() + dims_.pp);
-    const std::vector<double> waits(per_stage.begin() + dims_.pp, per_stage.end());
-    metrics_->write({{"step", step}, {"memory_peak_bytes_per_pp_rank", peaks}, {"pp_recv_wait_s_per_pp_rank", waits}});
+    const std::vector<double> waits(per_stage.begin() + dims_.pp, per_stage.begin() + 2 * dims_.pp);
+    const std::vector<int64_t> act_peaks(per_stage.begin() + 2 * dims_.pp, per_stage.end());
+    metrics_->write({{"step", step}, {"memory_peak_bytes_per_pp_rank", peaks}, {"pp_recv_wait_s_per_pp_rank", waits},
+                     {"activation_peak_bytes_per_pp_rank", act_peaks}});
   }
   if (tensorboard_)
     tensorboard_->add_scalars(step, {{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr},

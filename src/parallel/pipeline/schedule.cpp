@@ -82,8 +82,10 @@ void one_f_one_b(PipelineSchedule& s) {
 /// Zero-bubble list scheduling (Qi et al. 2024): F, I and W each take one unit slot; at every
 /// slot each rank runs, in this priority, the first ready I of its backward order (I is on the
 /// critical path), else the first ready F of its forward order while fewer than `limit[r]`
-/// forwards await their I (the activation-memory cap), else its oldest pending W (W only fills
-/// what would be a bubble). Ready means the producing action finished in an earlier slot.
+/// forwards await their W (the activation-memory cap: W still reads the saved inputs and output
+/// gradients, so a micro-batch's activations live until its W), else its oldest pending W (W
+/// fills what would be a bubble, or frees memory for the next F). Ready means the producing
+/// action finished in an earlier slot.
 /// `in_order`: take F and I strictly in list order (only the first not yet run may start);
 /// interleaved loop placement needs it, as running a later chunk's forward early can fill the
 /// in-flight cap with forwards whose backwards wait on ones not yet started (a deadlock).
@@ -121,7 +123,6 @@ void zero_bubble(PipelineSchedule& s, const std::vector<std::vector<Action>>& fw
         i_end[at(a.stage, a.microbatch)] = t + 1;
         list.push_back({ActionType::kBackwardInput, a.stage, a.microbatch});
         pending_w[r].push_back({ActionType::kBackwardWeight, a.stage, a.microbatch});
-        --in_flight[r];
       }
       for (size_t k = 0; k < fwd[r].size() && !ran && in_flight[r] < limit[r]; ++k) {
         if (f_taken[r][k]) continue;
@@ -138,6 +139,7 @@ void zero_bubble(PipelineSchedule& s, const std::vector<std::vector<Action>>& fw
       if (!ran && !pending_w[r].empty()) {
         list.push_back(pending_w[r].front());
         pending_w[r].pop_front();
+        --in_flight[r];
         ran = true;
       }
       if (ran) ++executed;
@@ -154,14 +156,17 @@ void interleaved_zero_bubble(PipelineSchedule& s) {
       fwd[r].push_back(interleaved_action(s, r, k, false, ActionType::kForward));
       bwd[r].push_back(interleaved_action(s, r, k, true, ActionType::kBackwardInput));
     }
-    limit[r] = warmup_forwards(s, r) + 1;  // (interleaved) 1F1B's peak in-flight forwards
+    // (Interleaved) 1F1B's peak in-flight micro-batches (rank 0's) plus the pp − 1 W's that
+    // fill the warm-up bubble: the smallest cap of this form under which the list scheduling
+    // reaches the zero-bubble bound for every pp ≤ 8, m ≤ 32, v ≤ 3 (the unit tests check it).
+    limit[r] = warmup_forwards(s, 0) + 1 + (s.pp - 1);
   }
   zero_bubble(s, fwd, bwd, limit, true);
 }
 
 void zbv(PipelineSchedule& s) {
   std::vector<std::vector<Action>> fwd(s.pp), bwd(s.pp);
-  std::vector<int> limit(s.pp, 2 * s.pp);
+  std::vector<int> limit(s.pp, 2 * s.pp + s.pp - 1);  // 1F1B's 2·pp stage activations + pp − 1 W's
   for (int r = 0; r < s.pp; ++r) {
     const int down = r, up = 2 * s.pp - 1 - r;
     for (int mb = 0; mb < s.microbatches; ++mb) {

@@ -12,9 +12,12 @@
 ///    placement; forwards in groups of pp micro-batches per stage, Megatron's warm-up count.
 ///  - "InterleavedZeroBubble" (ZB-H1, Qi et al. 2024, on loop placement with v ≥ 1 stages per
 ///    rank): the backward is split into I (input gradient, on the critical path) and W (weight
-///    gradient, deferred into bubbles); in-flight forwards are capped as in (interleaved) 1F1B.
+///    gradient, deferred into bubbles); the micro-batches in flight (forward run, W not yet:
+///    W still reads the saved activations) are capped at (interleaved) 1F1B's peak plus pp − 1,
+///    whatever m is.
 ///  - "ZBVZeroBubble" (ZB-V, Qi et al. 2024): two stages per rank in V placement, split
-///    backward, in-flight forwards capped at 2·pp stage activations per rank (1F1B's memory).
+///    backward, in-flight stage micro-batches (forward run, W not yet) capped at 1F1B's 2·pp
+///    plus pp − 1 per rank.
 /// Stage placement: loop style puts stages r, r + pp, r + 2·pp, … on rank r; V style puts
 /// stages r and 2·pp − 1 − r on rank r (the last stage lives on rank 0, next to the first).
 #include <stdexcept>

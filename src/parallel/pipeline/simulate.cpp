@@ -68,7 +68,7 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
           out.finish[r][pos[r]] = now[r];
           out.busy[r] += c;
           if (a.type == ActionType::kForward) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
-          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) --in_flight[r];
+          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) --in_flight[r];
         }
         progress = true;
       }

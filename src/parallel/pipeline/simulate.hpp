@@ -40,7 +40,10 @@ struct SimulationResult {
   int64_t makespan = 0;             ///< when the last rank finishes
   std::vector<int64_t> busy;        ///< [pp] compute time per rank
   std::vector<int64_t> idle;        ///< [pp] makespan − busy
-  std::vector<int> peak_in_flight;  ///< [pp] most (stage, micro-batch) forwards whose B / I has not run yet
+  /// [pp] most (stage, micro-batch) forwards whose B (fused) or W (split backward: the weight
+  /// gradient still reads the saved activations) has not run yet: the activation memory a rank
+  /// holds, in stage micro-batches.
+  std::vector<int> peak_in_flight;
   /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
   /// communication actions.
   std::vector<std::vector<int64_t>> start, finish;
