@@ -22,7 +22,7 @@ the ranks share cores, so a rank also waits while its neighbour computes on the 
 pp 2 rows are the meaningful ones there. A benchmark, not a test: nothing asserts on time.
 
 usage: /usr/bin/python3 perf/pp_schedules.py [--pp 2 4] [--microbatches 4 8 16]
-           [--schedules GPipe 1F1B ...] [--steps 4] [--seq-len 128] [--data H5] [--out DIR]
+           [--schedules GPipe 1F1B ...] [--steps 8] [--seq-len 128] [--data H5] [--out DIR]
            [--json PATH] [--binary build/bin/meshtrain]
 """
 import argparse
@@ -70,7 +70,7 @@ def main():
     p.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     p.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
-    p.add_argument("--steps", type=int, default=4, help="steps per run (>= 2); the first is not averaged")
+    p.add_argument("--steps", type=int, default=8, help="steps per run (>= 2); the first is not averaged")
     p.add_argument("--seq-len", type=int, default=128)
     add_run_arguments(p, "pp_schedules")
     args = p.parse_args()
