@@ -5,7 +5,7 @@ computed here, independently, from the model's shape: DDP, ZeRO-1, ZeRO-2, FSDP 
 with gradient accumulation and with fsdp_reshard_after_forward=never), HSDP (2 x N/2) and tensor
 parallelism (TP 2 under FSDP, ZeRO-2, HSDP and DDP; TP alone; without sequence parallelism;
 without loss parallelism; with activation checkpointing; with uneven vocabulary / FFN splits) and
-pipeline parallelism (pp alone; pp 2 under FSDP, DDP, ZeRO-2, HSDP-free TP 2; 1F1B, GPipe,
+pipeline parallelism (pp alone; pp 2 under FSDP, DDP, ZeRO-2 and TP 2; 1F1B, GPipe,
 Interleaved1F1B, ZBVZeroBubble; two rounds of accumulation) at 4 and 8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1
 on any mismatch (or failed run).
 

@@ -157,8 +157,9 @@ void interleaved_zero_bubble(PipelineSchedule& s) {
       bwd[r].push_back(interleaved_action(s, r, k, true, ActionType::kBackwardInput));
     }
     // (Interleaved) 1F1B's peak in-flight micro-batches (rank 0's) plus the pp − 1 W's that
-    // fill the warm-up bubble: the smallest cap of this form under which the list scheduling
-    // reaches the zero-bubble bound for every pp ≤ 8, m ≤ 32, v ≤ 3 (the unit tests check it).
+    // fill the warm-up bubble. With it the list scheduling reaches the zero-bubble bound for
+    // every pp ≤ 8, m ≤ 32, v ≤ 3 (the unit tests check it); 1F1B's peak alone, or plus one,
+    // misses the bound for some pp ≥ 3. Not proven minimal: + ⌈pp / 2⌉ also met it there.
     limit[r] = warmup_forwards(s, 0) + 1 + (s.pp - 1);
   }
   zero_bubble(s, fwd, bwd, limit, true);
