@@ -39,6 +39,7 @@ PipelineRuntime::PipelineRuntime(Transformer& model, std::vector<PipelineStage> 
                                 std::to_string(schedule_.microbatches) + " micro-batches of " +
                                 std::to_string(microbatch_size_));
   actions_ = schedule_.ranks.at(size_t(pp.rank()));
+  batches_ = communication_batches(actions_);
   for (size_t i = 0; i < actions_.size(); ++i) {
     if (!is_backward(actions_[i].type)) continue;
     auto [it, fresh] = backward_span_.try_emplace(actions_[i].stage, i, i);
@@ -198,16 +199,15 @@ void PipelineRuntime::run_round(int64_t step, int64_t round) {
   loader_.micro_batch(round, pc_.data->rank(), pc_.data->size(), local_batch_, round_samples_.data());
   poison_round_ = round + 1 == rounds_ && poisoned_ && poisoned_(step);
   contexts_.clear();
-  // Each run of consecutive SEND / RECV actions goes out as one batch (one NCCL group), as
-  // check_stream_ordered() assumed when it proved the list free of deadlock.
+  // Each batch (one NCCL group) is the one check_stream_ordered() modelled when it proved the
+  // list free of deadlock: communication_batches(), shared with the check.
+  size_t b = 0;
   for (size_t i = 0; i < actions_.size();) {
-    if (actions_[i].is_compute()) {
-      run_action(actions_[i++], round);
+    if (b < batches_.size() && batches_[b].begin == i) {
+      post_communication(actions_.data() + i, actions_.data() + batches_[b].end);
+      i = batches_[b++].end;
     } else {
-      size_t j = i;
-      while (j < actions_.size() && !actions_[j].is_compute()) ++j;
-      post_communication(actions_.data() + i, actions_.data() + j);
-      i = j;
+      run_action(actions_[i++], round);
     }
     poll_sends(false);
   }

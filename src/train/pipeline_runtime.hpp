@@ -46,6 +46,7 @@
 #include "model/transformer.hpp"
 #include "parallel/grad_sync.hpp"
 #include "parallel/pipeline/schedule.hpp"
+#include "parallel/pipeline/stream_order.hpp"
 #include "train/parallel_context.hpp"
 #include "train/step_schedule.hpp"
 
@@ -113,6 +114,7 @@ class PipelineRuntime final : public StepSchedule {
   float loss_grad_scale_;
   std::function<bool(int64_t)> poisoned_;
   std::vector<Action> actions_;                       // this rank's list
+  std::vector<CommBatch> batches_;                    // its runs of SEND / RECV, posted together
   std::map<int, std::pair<size_t, size_t>> backward_span_;  // stage → its first and last B / W action
 
   // Per round.
