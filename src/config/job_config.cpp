@@ -167,10 +167,22 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   if (d.cp > 1 && training.seq_len % (2 * d.cp))
     fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp = " +
                                         str(2 * d.cp) + " (zigzag context parallelism: seq_len % (2·cp) == 0)");
+  if (d.cp > 1 && d.tp > 1 && p.enable_sequence_parallel && training.seq_len % (2 * d.cp * d.tp))
+    fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp·tp = " +
+                                        str(2 * d.cp * d.tp) + " (each cp chunk's tokens are sharded over tp by "
+                                        "sequence parallelism; [parallelism] enable_sequence_parallel = false lifts "
+                                        "the rule)");
   if (d.tp > 1 && p.enable_sequence_parallel && (training.seq_len / d.cp) % d.tp)
     fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
                                         str(d.tp) + " (sequence parallelism shards each sample's tokens over tp; "
                                         "[parallelism] enable_sequence_parallel = false lifts the rule)");
+  if (d.cp > 1 && p.context_parallel_rotate_method == "ulysses")
+    for (auto [what, heads] : {std::pair{"n_heads", a.n_heads}, std::pair{"n_kv_heads", a.n_kv_heads}})
+      if (heads % (d.cp * d.tp))
+        fail(*this, "parallelism.context_parallel_rotate_method",
+             std::string("\"ulysses\" gives each cp rank a share of every tp rank's heads, but ") + what + " " +
+                 str(heads) + " is not divisible by cp × tp = " + str(d.cp * d.tp) + " (" + what +
+                 " % (cp × tp) == 0; \"allgather\" or \"alltoall\" have no such rule)");
   // Vocabulary rows and FFN hidden units split as torch.chunk does (⌈E/tp⌉ per rank): every
   // rank must get at least one.
   for (auto [key, what, extent] : {std::tuple{"model.vocab_size", "vocab_size", a.vocab_size},
@@ -195,17 +207,16 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
 ParallelDims JobConfig::validate(int64_t world_size) const {
   const ParallelDims d = validate_layout(world_size);
   if (!refusals.empty()) throw ConfigError(refusals.front());
-  if (parallelism.zero_stage < 3 && d.dp_shard == 1)
+  if (parallelism.zero_stage < 3 && d.dp_shard * d.cp == 1)
     fail(*this, "parallelism.zero_stage",
-         "ZeRO-" + str(parallelism.zero_stage) + " shards over the dp_shard group, but data_parallel_shard_degree is 1 "
-         "(zero_stage 1 or 2 needs dp_shard > 1; plain DDP needs no zero_stage)");
+         "ZeRO-" + str(parallelism.zero_stage) + " shards over the fsdp group (dp_shard × cp), but data_parallel_shard_degree "
+         "and context_parallel_degree are 1 (zero_stage 1 or 2 needs dp_shard × cp > 1; plain DDP needs no zero_stage)");
   if (parallelism.zero_stage < 3 && parallelism.fsdp_reshard_after_forward != "default")
     fail(*this, "parallelism.fsdp_reshard_after_forward",
          "\"" + parallelism.fsdp_reshard_after_forward + "\" applies to sharded parameters (zero_stage 3), but zero_stage is " +
              str(parallelism.zero_stage) + " (parameters stay replicated)");
   // The plan's own rules first, so that a pp deck that could never run says why.
   if (d.pp > 1) pipeline_plan(d);
-  if (d.cp > 1) fail(*this, "parallelism.context_parallel_degree", "context parallelism (cp = " + str(d.cp) + ") is not implemented yet (cp must be 1)");
   if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")
     fail(*this, "training.mixed_precision_param",
          "bfloat16 needs [training] device = \"cuda\" (the cpu device is the float32 reference)");

@@ -96,7 +96,16 @@ struct ParallelismSection {
   std::string pipeline_parallel_schedule_csv;
   /// Samples per pipeline micro-batch; micro-batches per round m = local_batch_size / this.
   int64_t pipeline_parallel_microbatch_size = 1;
+  /// cp > 1: each sample's tokens are split over the cp group (context parallelism).
   int64_t context_parallel_degree = 1;
+  /// How the sequence is cut into 2·cp chunks (TorchTitan's key): "headtail" gives cp rank i
+  /// chunks i and 2·cp − 1 − i, so every rank does the same causal attention work; "none"
+  /// gives rank i the contiguous chunks 2i and 2i + 1.
+  std::string context_parallel_load_balancer = "headtail";
+  /// How attention crosses the cp ranks: "allgather" (K/V gathered once, TorchTitan's
+  /// default), "alltoall" (a ring of cp − 1 K/V hops overlapped with the block computation),
+  /// "ulysses" (all-to-all from sequence shards to head shards and back).
+  std::string context_parallel_rotate_method = "allgather";
   int64_t expert_parallel_degree = 1;
   /// Sharded data parallelism over the dp_shard group (Rajbhandari et al. 2020, ZeRO): 1 shards
   /// the optimizer state, 2 also the gradients, 3 also the parameters (= FSDP).

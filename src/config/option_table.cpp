@@ -283,7 +283,17 @@ std::vector<Option> build_option_table() {
     s.integer("pipeline_parallel_microbatch_size", &ParallelismSection::pipeline_parallel_microbatch_size,
               "pp > 1: samples per micro-batch; local_batch_size / this micro-batches per pipeline round", 1);
     s.integer("context_parallel_degree", &ParallelismSection::context_parallel_degree,
-              "context-parallel degree, ring attention (> 1 not implemented yet)", 1);
+              "context-parallel degree: each sample's seq_len tokens are split over cp ranks (2·cp chunks); "
+              "parameters are then sharded over dp_shard × cp (FSDP)", 1);
+    s.str("context_parallel_load_balancer", &ParallelismSection::context_parallel_load_balancer,
+          "cp > 1: which of the 2·cp chunks each cp rank holds: headtail = chunks i and 2·cp − 1 − i (equal causal "
+          "work per rank), none = the contiguous chunks 2i, 2i + 1",
+          {"headtail", "none"});
+    s.str("context_parallel_rotate_method", &ParallelismSection::context_parallel_rotate_method,
+          "cp > 1: how attention crosses the cp ranks: allgather = K/V all-gathered once per layer; alltoall = a "
+          "ring passing K/V shards cp − 1 hops, overlapped with the block computation; ulysses = all-to-all from "
+          "sequence shards to head shards (n_heads and n_kv_heads divisible by cp × tp)",
+          {"allgather", "alltoall", "ulysses"});
     s.integer("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
               "expert-parallel degree, MoE only (> 1 not implemented yet)", 1);
     s.integer("zero_stage", &ParallelismSection::zero_stage,

@@ -142,7 +142,6 @@ class Table {
   }
 };
 
-const std::string kCp = "applies only with context_parallel_degree > 1 (context parallelism is not implemented yet)";
 const std::string kMoe =
     "applies only to Mixture-of-Experts models (not implemented yet); llama3 and qwen3 are dense";
 const std::string kFloat8 = "applies only to float8 training (model.converters), which is not implemented yet";
@@ -326,11 +325,11 @@ Table build_table() {
            honoured("pipeline_parallel_schedule still sets the stages per rank and their placement, as in TorchTitan"));
   t.shared("pipeline_parallel_microbatch_size", "1");
   t.boolean("pipeline_parallel_expert_parallel_overlap", "true", notice(kMoe));
-  t.shared("context_parallel_degree", "1", honoured("> 1: refused (context parallelism is not implemented yet)"));
-  t.str("context_parallel_load_balancer", "\"headtail\"", notice(kCp)).rule = [](const OptionValue& v) {
-    return v.text.empty() ? std::string("must not be empty (leave the key unset for no load balancing)") : "";
-  };
-  t.str("context_parallel_rotate_method", "\"allgather\"", notice(kCp), {"allgather", "alltoall"});
+  t.shared("context_parallel_degree", "1", honoured("ring attention over the cp group; parameters sharded over "
+                                                    "dp_shard × cp"));
+  t.shared("context_parallel_load_balancer", "\"headtail\"",
+           honoured("\"none\" stands for TorchTitan's None; \"ptrr\" (FlexAttention's) is not offered"));
+  t.shared("context_parallel_rotate_method", "\"allgather\"", honoured("meshtrain adds \"ulysses\""));
   t.shared("expert_parallel_degree", "1", honoured("> 1: refused (Mixture-of-Experts is not implemented yet)"));
   t.integer("expert_tensor_parallel_degree", "1", notice(kMoe), 1);
   t.str("expert_parallel_comm_backend", "\"standard\"", notice(kMoe), {"standard", "deepep"});

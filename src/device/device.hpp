@@ -28,6 +28,10 @@ struct AdamWSegment {
   float weight_decay = 0;
 };
 
+/// The mask of one attention block (Device::attention_block_forward): kNone, every query sees
+/// every key; kCausal, the diagonal block of a causal sequence (query t sees keys s ≤ t).
+enum class AttentionMask { kNone, kCausal };
+
 /// {M, N, K} of C[M, N] = op(A)[M, K] · op(B)[K, N] (Device::matmul's operands).
 /// @throws std::invalid_argument unless A, B, C are 2-D with matching extents.
 struct MatmulDims {
@@ -121,6 +125,36 @@ class Device {
   virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
                                   const Tensor& dk, const Tensor& dv) = 0;
+  // ---- block attention (context parallelism: ring / all-gather attention) ----
+  /// One block of causal grouped-query attention whose queries and keys are different slices of
+  /// the sequence, as a ring step or an all-gathered key chunk sees them (Liu et al. 2023, Ring
+  /// Attention; Brandon et al. 2023, Striped / zigzag balancing). q [B, Tq, Hq, Dh] (activation
+  /// dtype), k, v [B, Tk, Hkv, Dh]. mask kNone: every query attends every key (a key chunk
+  /// wholly before the query chunk); kCausal: the diagonal block, Tq == Tk, query t attends
+  /// keys s ≤ t. Writes out f32 [B, Tq, Hq, Dh] (this block's normalized output, f32 whatever
+  /// the activation dtype, so that merges stay exact) and lse f32 [B, Hq, Tq] (log-sum-exp of
+  /// the block's scaled scores). Query head h reads kv head h / (Hq / Hkv).
+  /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
+  virtual void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+                                       const Tensor& out, const Tensor& lse, float scale);
+  /// Merges one block's partial result into the running one with the log-sum-exp rule, in f32
+  /// (the rule of Milakov & Gimelshein 2018, as Ring Attention applies it): with
+  /// σ(x) = 1 / (1 + e^(−x)), out ← out − σ(lse_b − lse)·(out − out_b), then
+  /// lse ← lse − log σ(lse − lse_b). out, out_b f32 [B, T, H, Dh]; lse, lse_b f32 [B, H, T].
+  /// A row whose lse is −inf (nothing seen yet) takes the block's values.
+  /// @throws std::invalid_argument on mismatched shapes or dtypes.
+  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+  /// Backward of one block given the merged forward: dout, out [B, Tq, Hq, Dh] (activation
+  /// dtype) are the gradient and value of the attention output over all key blocks, lse f32
+  /// [B, Hq, Tq] the log-sum-exp over all of them (the external lse), so that the block's
+  /// probabilities exp(s − lse) are the global ones (Dao 2023, FlashAttention-2, Algorithm 2,
+  /// with D = rowsum(dout ∘ out)). q, k, v and mask as in attention_block_forward.
+  /// Accumulates (+=) into dq f32 [B, Tq, Hq, Dh] and dk, dv f32 [B, Tk, Hkv, Dh]: the sum over
+  /// blocks of these calls is the full gradient.
+  /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
+  virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
   /// SwiGLU (Shazeer 2020): y = silu(a) ⊙ b; a, b, y [N, H].
   virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   /// da, db [N, H] overwritten.

@@ -8,6 +8,7 @@
 #include "device/device.hpp"
 #include "model/parameter.hpp"
 #include "model/tensor_parallel.hpp"
+#include "parallel/context/context_parallel.hpp"
 
 namespace meshtrain {
 
@@ -36,11 +37,13 @@ class SavedTensors {
 struct StepContext {
   Device* dev = nullptr;
   TensorParallel tp;         ///< the layers' tensor-parallel group (size 1: none)
+  ContextParallel cp;        ///< the cp group (size 1: the whole sequence on this rank)
+  SequenceShard shard;       ///< this rank's chunks of each sample (one chunk of T when cp = 1)
   int64_t batch = 0;         ///< B, samples in this micro-batch
-  int64_t seq_len = 0;       ///< T
-  Tensor tokens;             ///< i32 [B·T] inputs (the whole micro-batch on every tp rank)
-  Tensor targets;            ///< i32 [B·T] next tokens
-  Tensor rope_cos, rope_sin; ///< [T, head_dim/2]
+  int64_t seq_len = 0;       ///< tokens per sample on this rank: T, or T / cp (shard.local_len())
+  Tensor tokens;             ///< i32 [B·seq_len] inputs, chunk-major (context_parallel.hpp); every tp rank
+  Tensor targets;            ///< i32 [B·seq_len] next tokens, in the same order
+  Tensor rope_cos, rope_sin; ///< [T, head_dim/2] for the global positions 0 … T − 1
   float loss_grad_scale = 0; ///< d(loss)/d(per-token CE): 1 / global target tokens
   bool need_backward = true; ///< false for validation (no gradients, nothing saved)
   /// dtype of activations and their gradients (f32; bf16 under mixed precision). Statistics

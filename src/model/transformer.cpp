@@ -158,23 +158,23 @@ void Transformer::zero_grad() {
 
 StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale,
                                       bool need_backward) {
-  std::vector<int32_t> in(size_t(n * t)), tg(size_t(n * t));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < t; ++j) {
-      in[i * t + j] = samples[i * (t + 1) + j];
-      tg[i * t + j] = samples[i * (t + 1) + j + 1];
-    }
+  const SequenceShard shard = sequence_shard(t, cp_);
+  const int64_t local = shard.local_len();
+  std::vector<int32_t> in(size_t(n * local)), tg(size_t(n * local));
+  shard_samples(shard, samples, n, in.data(), tg.data());
   StepContext ctx;
   ctx.dev = &dev_;
   ctx.tp = tp_;
+  ctx.cp = cp_;
+  ctx.shard = shard;
   ctx.batch = n;
-  ctx.seq_len = t;
+  ctx.seq_len = local;
   ctx.loss_grad_scale = loss_grad_scale;
   ctx.need_backward = need_backward;
   ctx.act_dtype = compute_dtype_;
   std::tie(ctx.rope_cos, ctx.rope_sin) = rope_tables(t);
-  ctx.tokens = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);
-  ctx.targets = dev_.empty({n * t}, DType::kI32, MemCategory::kActivations);
+  ctx.tokens = dev_.empty({n * local}, DType::kI32, MemCategory::kActivations);
+  ctx.targets = dev_.empty({n * local}, DType::kI32, MemCategory::kActivations);
   dev_.upload(ctx.tokens, in.data(), in.size() * sizeof(int32_t));
   dev_.upload(ctx.targets, tg.data(), tg.size() * sizeof(int32_t));
   return ctx;

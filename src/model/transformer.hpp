@@ -62,6 +62,10 @@ class Transformer {
   /// The device holding this model's tensors.
   Device& device() const { return dev_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  /// Splits each sample's sequence over `cp` in make_context (default: size 1, whole sequences).
+  /// The parameters do not depend on it. Throws nothing.
+  void set_context_parallel(const ContextParallel& cp) { cp_ = cp; }
+  const ContextParallel& context_parallel() const { return cp_; }
   /// The blocks, embedding and head this model holds.
   const ModelPart& part() const { return part_; }
   /// Units in execution order (embedding, blocks, output head), as far as part() holds them.
@@ -83,7 +87,10 @@ class Transformer {
   /// scaling when args.use_rope_scaling), computed once per seq_len and cached.
   std::pair<Tensor, Tensor> rope_tables(int64_t seq_len);
   /// The context of one micro-batch from `samples` [n, T+1] token ids (inputs [:, :T], targets
-  /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T and its tp group.
+  /// [:, 1:]) uploaded to the device, with this model's RoPE tables for T and its tp group. Under
+  /// context parallelism only this cp rank's chunks of each sample (targets shifted first), in
+  /// chunk-major order: ctx.seq_len = T / cp. @throws std::invalid_argument when 2·cp does not
+  /// divide T.
   StepContext make_context(const int32_t* samples, int64_t n, int64_t t, float loss_grad_scale, bool need_backward);
   /// Whether `p` is this part's own copy of the tied tok_embeddings.weight, held by the output
   /// head of a part without the embedding (pipeline parallelism): the first stage's is the
@@ -117,6 +124,7 @@ class Transformer {
   ModelPart part_;
   Device& dev_;
   TensorParallel tp_;
+  ContextParallel cp_;
   std::vector<std::unique_ptr<Layer>> owned_;
   std::vector<Layer*> units_;
   std::vector<Parameter*> params_;

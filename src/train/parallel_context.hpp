@@ -9,11 +9,13 @@
 ///   world        every rank                   the non-finite verdict and preemption flag (one
 ///                                             all-reduce per step), largest-rank metrics,
 ///                                             checkpoint agreement
-///   data         dp_replicate × dp_shard      which samples this rank reads (train and validation);
+///   data         dp_replicate × dp_shard      which samples this rank reads (train and validation;
+///                                             cp ranks read the same ones)
+///   loss         dp_replicate × dp_shard × cp the step's loss sum (global target-token mean) and
 ///                                             the validation loss sums
-///   loss         dp_replicate × dp_shard × cp the step's loss sum (global target-token mean)
 ///   tp           tp                           tensor-parallel layers, replicated parameters'
 ///                                             partial gradients, the gradient norm over slabs
+///   cp           cp                           ring / all-gather / Ulysses attention (device)
 ///   fsdp         dp_shard × cp                FSDP / ZeRO sharding (parameters, gradients, AdamW)
 ///   dp_replicate dp_replicate                 DDP buckets, HSDP's all-reduce of shards
 ///   pp           pp                           activations and their gradients between stages
@@ -30,6 +32,7 @@ struct ParallelContext {
   Communicator* data = nullptr;          ///< host (MPI), MeshDim::kDP
   Communicator* loss = nullptr;          ///< host (MPI), MeshDim::kLoss
   Communicator* tp = nullptr;            ///< device, MeshDim::kTP
+  Communicator* cp = nullptr;            ///< device, MeshDim::kCP
   Communicator* fsdp = nullptr;          ///< device, MeshDim::kFSDP
   Communicator* dp_replicate = nullptr;  ///< device, MeshDim::kDpReplicate
   Communicator* pp = nullptr;            ///< host (MPI), MeshDim::kPP
@@ -49,6 +52,7 @@ inline ParallelContext make_parallel_context(MpiCommunicator& world, MeshCommuni
   c.data = &host.get(MeshDim::kDP);
   c.loss = &host.get(MeshDim::kLoss);
   c.tp = &device.get(MeshDim::kTP);
+  c.cp = &device.get(MeshDim::kCP);
   c.fsdp = &device.get(MeshDim::kFSDP);
   c.dp_replicate = &device.get(MeshDim::kDpReplicate);
   c.pp = &host.get(MeshDim::kPP);

@@ -238,7 +238,7 @@ EvalSums PipelineRuntime::evaluate(const int32_t* samples, int64_t n) {
         in = ready_.at({kActivation, s, -1});
         ready_.erase({kActivation, s, -1});
       } else {
-        in = model_.device().empty({tp_local_tokens(ctx.tp, n * seq_len_), model_.args().dim}, ctx.act_dtype,
+        in = model_.device().empty({tp_local_tokens(ctx.tp, n * ctx.seq_len), model_.args().dim}, ctx.act_dtype,
                                    MemCategory::kActivations);
         const auto t0 = std::chrono::steady_clock::now();
         pp_.recv(in, from, tag(kActivation, s, 0))->wait();

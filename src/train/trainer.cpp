@@ -98,7 +98,7 @@ std::string layout_summary(const ParallelDims& d) {
 /// it when < 0), read in order; chunks of local_batch samples are dealt round-robin to the dp
 /// ranks, so the samples, and hence the value, do not depend on the layout.
 double validate_loss(StepSchedule& schedule, GradientSync& sync, const DataLoader& val, Communicator& dp,
-                     Communicator& pp, bool pipelined, int64_t local_batch, int64_t global_batch, int64_t max_steps) {
+                     Communicator& loss, Communicator& pp, bool pipelined, int64_t local_batch, int64_t global_batch, int64_t max_steps) {
   const int64_t t = val.seq_len();
   sync.begin_evaluation();
   const int64_t total = max_steps < 0 ? val.num_samples() : std::min(val.num_samples(), max_steps * global_batch);
@@ -124,7 +124,7 @@ double validate_loss(StepSchedule& schedule, GradientSync& sync, const DataLoade
     sums[0] += e.loss_sum;
     sums[1] += double(e.targets);
   }
-  dp.all_reduce_host(sums, 2, ReduceOp::kSum);
+  loss.all_reduce_host(sums, 2, ReduceOp::kSum);  // dp × cp: each cp rank holds part of every sample
   if (pipelined) pp.all_reduce_host(sums, 2, ReduceOp::kSum);  // the last stage holds the loss
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
@@ -205,6 +205,13 @@ void Trainer::build_model() {
   tp_.rank = pc_.tp->rank();
   tp_.sequence_parallel = cfg_.parallelism.enable_sequence_parallel;
   tp_.loss_parallel = !cfg_.parallelism.disable_loss_parallel;
+  // Context parallelism: each sample's sequence is split over the cp group; parameters are
+  // sharded over fsdp = dp_shard × cp, so sharded_ above is on whenever cp > 1.
+  cp_.comm = pc_.cp;
+  cp_.size = pc_.cp->size();
+  cp_.rank = pc_.cp->rank();
+  cp_.rotate = cp_rotate_from_name(cfg_.parallelism.context_parallel_rotate_method);
+  cp_.balancer = cp_balancer_from_name(cfg_.parallelism.context_parallel_load_balancer);
   // Mixed precision: bf16 activations and compute copies of the weights; f32 masters, grads, AdamW.
   compute_dtype_ = cfg_.training.mixed_precision_param == "bfloat16" ? DType::kBF16 : DType::kF32;
   const DType reduce_dtype = cfg_.training.mixed_precision_reduce == "bfloat16" ? DType::kBF16 : DType::kF32;
@@ -218,6 +225,7 @@ void Trainer::build_model() {
   }
   model_ = std::make_unique<Transformer>(args_, dev, sharded_ ? model_storage_for(zero_stage_) : ModelStorage{}, tp_,
                                          compute_dtype_, &part);
+  model_->set_context_parallel(cp_);
   if (sharded_) {
     ShardedOptions so;
     so.zero_stage = zero_stage_;
@@ -475,7 +483,7 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
 
 double Trainer::validate() {
   trace::Span span("validation", "validation");
-  return validate_loss(*schedule_, *sync_, val_loader_, *pc_.data, *pc_.pp, pipelined_, local_batch_, global_batch_,
+  return validate_loss(*schedule_, *sync_, val_loader_, *pc_.data, *pc_.loss, *pc_.pp, pipelined_, local_batch_, global_batch_,
                        cfg_.validation.steps);
 }
 

@@ -130,6 +130,7 @@ class Trainer {
   bool sharded_ = false;
   int zero_stage_ = 0;
   TensorParallel tp_;
+  ContextParallel cp_;
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<GradientSync> sync_;

@@ -243,6 +243,22 @@ BOOST_AUTO_TEST_CASE(model_and_batch_rules_name_the_responsible_key) {
                  ".toml:8: [training] seq_len: seq_len 64 is not divisible by 2·cp = 6 (zigzag"));
   BOOST_TEST(has(error_of(b, with({"--parallelism.tensor_parallel_degree=2", "--training.seq_len=33"}), 2),
                  "[training] seq_len: seq_len / cp = 33 is not divisible by tp 2 (sequence parallelism"));
+  // Context parallelism: each cp chunk's tokens split over tp (seq_len % (2·cp·tp)); Ulysses
+  // splits every tp rank's heads over cp.
+  BOOST_TEST(has(error_of(b, with({"--parallelism.context_parallel_degree=2", "--parallelism.tensor_parallel_degree=2",
+                                   "--training.seq_len=36"}), 4),
+                 "[training] seq_len: seq_len 36 is not divisible by 2·cp·tp = 8"));
+  BOOST_TEST(error_of(b, with({"--parallelism.context_parallel_degree=2", "--parallelism.tensor_parallel_degree=2"}),
+                      4) == "");
+  BOOST_TEST(has(error_of(b, with({"--parallelism.context_parallel_degree=4", "--model.n_kv_heads=2",
+                                   "--parallelism.context_parallel_rotate_method=ulysses"}), 4),
+                 "[parallelism] context_parallel_rotate_method: \"ulysses\" gives each cp rank a share of every tp "
+                 "rank's heads, but n_kv_heads 2 is not divisible by cp × tp = 4"));
+  BOOST_TEST(error_of(b, with({"--parallelism.context_parallel_degree=4", "--model.n_kv_heads=4",
+                               "--parallelism.context_parallel_rotate_method=ulysses"}), 4) == "");
+  BOOST_TEST(has(error_of(b, with({"--parallelism.context_parallel_degree=2",
+                                   "--parallelism.context_parallel_load_balancer=ptrr"}), 2),
+                 "[parallelism] context_parallel_load_balancer: value \"ptrr\" is not allowed"));
   // Without sequence parallelism the residual stream is replicated: any seq_len works.
   BOOST_TEST(error_of(b, with({"--parallelism.tensor_parallel_degree=2", "--training.seq_len=33",
                                "--parallelism.enable_sequence_parallel=false"}), 2) == "");
@@ -295,10 +311,14 @@ BOOST_AUTO_TEST_CASE(model_name_and_world_size_errors_from_code) {
 BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
   BOOST_TEST(error_of(kBase, {}, 2).empty());  // dp_shard = -1 fills 2 ranks: FSDP 2
   BOOST_TEST(error_of(kBase, {"--parallelism.zero_stage=1"}, 4).empty());
+  // cp > 1 shards over dp_shard × cp even with dp_shard 1: FSDP, and ZeRO-1/2 are allowed.
+  BOOST_TEST(error_of(kBase, {"--parallelism.zero_stage=2", "--parallelism.context_parallel_degree=2",
+                              "--parallelism.data_parallel_shard_degree=1"}, 2).empty());
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
       {{"--parallelism.zero_stage=1", "--parallelism.data_parallel_replicate_degree=2"}, 2,
-       "[parallelism] zero_stage: ZeRO-1 shards over the dp_shard group, but data_parallel_shard_degree is 1"},
-      {{"--parallelism.zero_stage=2"}, 1, "[parallelism] zero_stage: ZeRO-2 shards over the dp_shard group"},
+       "[parallelism] zero_stage: ZeRO-1 shards over the fsdp group (dp_shard × cp), but data_parallel_shard_degree "
+       "and context_parallel_degree are 1"},
+      {{"--parallelism.zero_stage=2"}, 1, "[parallelism] zero_stage: ZeRO-2 shards over the fsdp group"},
       {{"--parallelism.zero_stage=4"}, 2, "[parallelism] zero_stage: value 4 is out of range"},
       {{"--parallelism.zero_stage=2", "--parallelism.fsdp_reshard_after_forward=never"}, 2,
        "[parallelism] fsdp_reshard_after_forward: \"never\" applies to sharded parameters (zero_stage 3)"},
@@ -316,7 +336,6 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--parallelism.context_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"}, 2, "[parallelism] context_parallel_degree: context parallelism"},
       {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},
   };

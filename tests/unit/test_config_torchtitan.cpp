@@ -120,7 +120,7 @@ BOOST_AUTO_TEST_CASE(header_and_key_errors_in_dotted_tables) {
   BOOST_TEST(has(error_of(b + "[training.dataloader]\nnum_workers = -1\n"),
                  "[training.dataloader] num_workers: value -1 is out of range (must be >= 0)"));
   BOOST_TEST(has(error_of(b, {"--parallelism.context_parallel_load_balancer="}),
-                 "command line: [parallelism] context_parallel_load_balancer: value \"\" is not allowed (must not be empty"));
+                 "command line: [parallelism] context_parallel_load_balancer: value \"\" is not allowed (must be one of headtail | none)"));
   // The command line reaches dotted tables too.
   BOOST_TEST(has(error_of(b, {"--quantize.linear.float8.filter_fqn=output"}),
                  "command line: [quantize.linear.float8] filter_fqn: unknown key; did you mean '--quantize.linear.float8.filter_fqns'?"));

@@ -1,5 +1,8 @@
-// CPU causal grouped-query attention, flash style: probabilities are never stored; backward
-// recomputes them from q, k and the saved log-sum-exp (Dao et al. 2022, Algorithms 1 and 2).
+// CPU grouped-query attention, flash style: probabilities are never stored; backward recomputes
+// them from q, k and the saved log-sum-exp (Dao et al. 2022, Algorithms 1 and 2). One kernel
+// serves the whole causal sequence (attention_forward / attention_backward) and the blocks of
+// context parallelism (a query chunk against a key chunk, no mask or a causal diagonal; the
+// backward then takes the global log-sum-exp and accumulates).
 #include <omp.h>
 
 #include <cmath>
@@ -14,15 +17,22 @@ namespace meshtrain {
 namespace {
 
 struct Dims {
-  int64_t b, t, hq, hkv, dh;
+  int64_t b, tq, tk, hq, hkv, dh;
 };
 
-Dims check(const Tensor& q, const Tensor& k, const Tensor& v) {
-  Dims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
-  if (k.shape() != v.shape() || k.dim(0) != d.b || k.dim(1) != d.t || k.dim(3) != d.dh || d.hq % d.hkv)
-    throw std::invalid_argument("attention shapes q " + shape_str(q.shape()) + " k " + shape_str(k.shape()) + " v " +
-                                shape_str(v.shape()));
-  return d;
+Dims check(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask) {
+  if (q.ndim() != 4 || k.ndim() != 4 || k.shape() != v.shape() || k.dim(0) != q.dim(0) || k.dim(3) != q.dim(3) ||
+      k.dim(2) < 1 || q.dim(2) % k.dim(2) || (mask == AttentionMask::kCausal && k.dim(1) != q.dim(1)))
+    throw std::invalid_argument(std::string(fn) + ": attention shapes q " + shape_str(q.shape()) + " k " +
+                                shape_str(k.shape()) + " v " + shape_str(v.shape()) +
+                                (mask == AttentionMask::kCausal ? " (causal: Tq == Tk)" : ""));
+  return Dims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+}
+
+void require(const char* fn, const char* what, const Tensor& t, const Shape& s) {
+  if (t.shape() != s || t.dtype() != DType::kF32)
+    throw std::invalid_argument(std::string(fn) + ": " + what + " must be f32 " + shape_str(s) + ", got " +
+                                shape_str(t.shape()));
 }
 
 // kt[d][j] = k[b, j, kvh, d]: makes the q·k dot products of one query row vectorize over j.
@@ -31,32 +41,32 @@ void transpose_head(const float* src, int64_t t, int64_t row_stride, int64_t dh,
     for (int64_t c = 0; c < dh; ++c) dst[c * t + j] = src[j * row_stride + c];
 }
 
-}  // namespace
-
-void CpuDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& lse, float scale) {
-  const Dims d = check(q, k, v);
+// Forward of queries [B, Tq] against keys [B, Tk]: every key (kNone) or keys s ≤ t (kCausal,
+// Tq == Tk). Writes out and lse.
+void forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+                    const Tensor& out, const Tensor& lse, float scale) {
+  const bool causal = mask == AttentionMask::kCausal;
   const int64_t group = d.hq / d.hkv, qs = d.hq * d.dh, ks = d.hkv * d.dh;
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   float *op = out.f32(), *lp = lse.f32();
 #pragma omp parallel
   {
-    std::vector<float> kt(size_t(d.dh) * d.t), s(d.t);
+    std::vector<float> kt(size_t(d.dh) * d.tk), s(d.tk);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t bi = 0; bi < d.b; ++bi)
       for (int64_t h = 0; h < d.hq; ++h) {
         const int64_t kvh = h / group;
-        const float* kbase = kp + bi * d.t * ks + kvh * d.dh;
-        const float* vbase = vp + bi * d.t * ks + kvh * d.dh;
-        transpose_head(kbase, d.t, ks, d.dh, kt.data());
-        for (int64_t i = 0; i < d.t; ++i) {
-          const float* qi = qp + (bi * d.t + i) * qs + h * d.dh;
+        const float* kbase = kp + bi * d.tk * ks + kvh * d.dh;
+        const float* vbase = vp + bi * d.tk * ks + kvh * d.dh;
+        transpose_head(kbase, d.tk, ks, d.dh, kt.data());
+        for (int64_t i = 0; i < d.tq; ++i) {
+          const float* qi = qp + (bi * d.tq + i) * qs + h * d.dh;
           float* sp = s.data();
-          const int64_t n = i + 1;
+          const int64_t n = causal ? i + 1 : d.tk;
           for (int64_t j = 0; j < n; ++j) sp[j] = 0.0f;
           for (int64_t c = 0; c < d.dh; ++c) {
             const float qc = qi[c] * scale;
-            const float* kr = kt.data() + c * d.t;
+            const float* kr = kt.data() + c * d.tk;
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) sp[j] += qc * kr[j];
           }
@@ -68,7 +78,7 @@ void CpuDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor
             sum += sp[j];
           }
           const float inv = 1.0f / sum;
-          float* oi = op + (bi * d.t + i) * qs + h * d.dh;
+          float* oi = op + (bi * d.tq + i) * qs + h * d.dh;
           for (int64_t c = 0; c < d.dh; ++c) oi[c] = 0.0f;
           for (int64_t j = 0; j < n; ++j) {
             const float p = sp[j] * inv;
@@ -76,16 +86,18 @@ void CpuDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor
 #pragma omp simd
             for (int64_t c = 0; c < d.dh; ++c) oi[c] += p * vr[c];
           }
-          lp[(bi * d.hq + h) * d.t + i] = mx + std::log(sum);
+          lp[(bi * d.hq + h) * d.tq + i] = mx + std::log(sum);
         }
       }
   }
 }
 
-void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
-                                   const Tensor& dk, const Tensor& dv) {
-  const Dims d = check(q, k, v);
+// Backward of forward_kernel given lse (the block's own, or the global one of context
+// parallelism): overwrites dq, dk, dv, or adds to them when `accumulate`.
+void backward_kernel(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                     AttentionMask mask, const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv, bool accumulate) {
+  const bool causal = mask == AttentionMask::kCausal;
   const int64_t group = d.hq / d.hkv, qs = d.hq * d.dh, ks = d.hkv * d.dh;
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32(), *op = out.f32(), *dop = dout.f32(), *lp = lse.f32();
   float *dqp = dq.f32(), *dkp = dk.f32(), *dvp = dv.f32();
@@ -93,28 +105,28 @@ void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Te
   // dk / dv rows, so they run in the same task and need no atomics.
 #pragma omp parallel
   {
-    std::vector<float> kt(size_t(d.dh) * d.t), vt(size_t(d.dh) * d.t), p(d.t), ds(d.t);
-    std::vector<float> dka(size_t(d.t) * d.dh), dva(size_t(d.t) * d.dh);
+    std::vector<float> kt(size_t(d.dh) * d.tk), vt(size_t(d.dh) * d.tk), p(d.tk), ds(d.tk);
+    std::vector<float> dka(size_t(d.tk) * d.dh), dva(size_t(d.tk) * d.dh);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t bi = 0; bi < d.b; ++bi)
       for (int64_t kvh = 0; kvh < d.hkv; ++kvh) {
-        const float* kbase = kp + bi * d.t * ks + kvh * d.dh;
-        const float* vbase = vp + bi * d.t * ks + kvh * d.dh;
-        transpose_head(kbase, d.t, ks, d.dh, kt.data());
-        transpose_head(vbase, d.t, ks, d.dh, vt.data());
+        const float* kbase = kp + bi * d.tk * ks + kvh * d.dh;
+        const float* vbase = vp + bi * d.tk * ks + kvh * d.dh;
+        transpose_head(kbase, d.tk, ks, d.dh, kt.data());
+        transpose_head(vbase, d.tk, ks, d.dh, vt.data());
         std::fill(dka.begin(), dka.end(), 0.0f);
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-          for (int64_t i = 0; i < d.t; ++i) {
-            const int64_t row = (bi * d.t + i) * qs + h * d.dh, n = i + 1;
+          for (int64_t i = 0; i < d.tq; ++i) {
+            const int64_t row = (bi * d.tq + i) * qs + h * d.dh, n = causal ? i + 1 : d.tk;
             const float *qi = qp + row, *doi = dop + row, *oi = op + row;
-            const float li = lp[(bi * d.hq + h) * d.t + i];
+            const float li = lp[(bi * d.hq + h) * d.tq + i];
             float* pp = p.data();
             float* dsp = ds.data();
             for (int64_t j = 0; j < n; ++j) pp[j] = 0.0f, dsp[j] = 0.0f;
             for (int64_t c = 0; c < d.dh; ++c) {
               const float qc = qi[c] * scale, dc = doi[c];
-              const float *kr = kt.data() + c * d.t, *vr = vt.data() + c * d.t;
+              const float *kr = kt.data() + c * d.tk, *vr = vt.data() + c * d.tk;
 #pragma omp simd
               for (int64_t j = 0; j < n; ++j) {
                 pp[j] += qc * kr[j];
@@ -129,7 +141,8 @@ void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Te
               dsp[j] = pp[j] * (dsp[j] - di);
             }
             float* dqi = dqp + row;
-            for (int64_t c = 0; c < d.dh; ++c) dqi[c] = 0.0f;
+            if (!accumulate)
+              for (int64_t c = 0; c < d.dh; ++c) dqi[c] = 0.0f;
             for (int64_t j = 0; j < n; ++j) {
               const float sj = dsp[j] * scale, pj = pp[j];
               const float* kr = kbase + j * ks;
@@ -143,13 +156,84 @@ void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Te
             }
           }
         }
-        for (int64_t j = 0; j < d.t; ++j)
+        for (int64_t j = 0; j < d.tk; ++j)
           for (int64_t c = 0; c < d.dh; ++c) {
-            dkp[bi * d.t * ks + j * ks + kvh * d.dh + c] = dka[j * d.dh + c];
-            dvp[bi * d.t * ks + j * ks + kvh * d.dh + c] = dva[j * d.dh + c];
+            const int64_t at = bi * d.tk * ks + j * ks + kvh * d.dh + c;
+            dkp[at] = (accumulate ? dkp[at] : 0.0f) + dka[j * d.dh + c];
+            dvp[at] = (accumulate ? dvp[at] : 0.0f) + dva[j * d.dh + c];
           }
       }
   }
+}
+
+}  // namespace
+
+void CpuDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, float scale) {
+  const Dims d = check("attention_forward", q, k, v, AttentionMask::kCausal);
+  forward_kernel(d, q, k, v, AttentionMask::kCausal, out, lse, scale);
+}
+
+void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
+                                   const Tensor& dk, const Tensor& dv) {
+  const Dims d = check("attention_backward", q, k, v, AttentionMask::kCausal);
+  backward_kernel(d, dout, q, k, v, AttentionMask::kCausal, out, lse, scale, dq, dk, dv, /*accumulate=*/false);
+}
+
+void CpuDevice::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+                                        const Tensor& out, const Tensor& lse, float scale) {
+  const char* fn = "attention_block_forward";
+  const Dims d = check(fn, q, k, v, mask);
+  require(fn, "out", out, q.shape());
+  require(fn, "lse", lse, {d.b, d.hq, d.tq});
+  forward_kernel(d, q, k, v, mask, out, lse, scale);
+}
+
+void CpuDevice::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
+                                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  const char* fn = "attention_block_backward";
+  const Dims d = check(fn, q, k, v, mask);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"out", &out}, {"dq", &dq}})
+    require(fn, name, *t, q.shape());
+  require(fn, "lse", lse, {d.b, d.hq, d.tq});
+  require(fn, "dk", dk, k.shape());
+  require(fn, "dv", dv, k.shape());
+  backward_kernel(d, dout, q, k, v, mask, out, lse, scale, dq, dk, dv, /*accumulate=*/true);
+}
+
+void CpuDevice::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const char* fn = "attention_merge";
+  if (out.ndim() != 4) throw std::invalid_argument(std::string(fn) + ": out must be [B, T, H, Dh], got " + shape_str(out.shape()));
+  const int64_t b = out.dim(0), t = out.dim(1), h = out.dim(2), dh = out.dim(3);
+  require(fn, "out", out, out.shape());
+  require(fn, "out_b", out_b, out.shape());
+  require(fn, "lse", lse, {b, h, t});
+  require(fn, "lse_b", lse_b, {b, h, t});
+  float *op = out.f32(), *lp = lse.f32();
+  const float *ob = out_b.f32(), *lb = lse_b.f32();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        float& l = lp[(bi * h + hi) * t + ti];
+        const float l2 = lb[(bi * h + hi) * t + ti];
+        float* o = op + ((bi * t + ti) * h + hi) * dh;
+        const float* o2 = ob + ((bi * t + ti) * h + hi) * dh;
+        if (l2 == -std::numeric_limits<float>::infinity()) continue;  // the block saw nothing
+        if (l == -std::numeric_limits<float>::infinity()) {
+          for (int64_t c = 0; c < dh; ++c) o[c] = o2[c];
+          l = l2;
+          continue;
+        }
+        // σ(l2 − l) is the block's share of the merged softmax mass; log σ(l − l2) =
+        // −log(1 + e^(l2 − l)), written with log1p of a non-positive exponent for stability.
+        const float x = l2 - l;
+        const float w = x >= 0 ? 1.0f / (1.0f + std::exp(-x)) : std::exp(x) / (1.0f + std::exp(x));
+        for (int64_t c = 0; c < dh; ++c) o[c] -= w * (o[c] - o2[c]);
+        l = std::max(l, l2) + std::log1p(std::exp(-std::fabs(x)));
+      }
 }
 
 }  // namespace meshtrain

@@ -56,6 +56,14 @@ class CpuDevice final : public Device {
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv) override;
+  /// The causal kernel above with a key length of its own and no mask or a causal diagonal
+  /// (cpu_attention.cpp): one task per (batch, head) in forward, per (batch, kv head) in backward.
+  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+                               const Tensor& out, const Tensor& lse, float scale) override;
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override;
+  void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
                        const Tensor& db) override;

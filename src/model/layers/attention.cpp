@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "model/layers/primitives.hpp"
+#include "parallel/context/cp_attention.hpp"
 
 namespace meshtrain {
 
@@ -48,9 +49,18 @@ Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const Tensor
   Device& dev = *ctx.dev;
   Tensor y = linear_forward(dev, x, w);
   if (qk_norm_) y = rmsnorm_forward(dev, saved, y.reshape({y.numel() / head_dim_, head_dim_}), norm, norm_eps_);
-  Tensor y4 = y.reshape({ctx.batch, ctx.seq_len, heads, head_dim_});
-  dev.rope(y4, ctx.rope_cos, ctx.rope_sin, false);
+  Tensor y4 = y.reshape({int64_t(ctx.shard.chunks.size()) * ctx.batch, ctx.shard.chunk_len, heads, head_dim_});
+  rope_chunks(ctx, y4, false);
   return y4;
+}
+
+void Attention::rope_chunks(StepContext& ctx, const Tensor& x, bool inverse) const {
+  const SequenceShard& s = ctx.shard;
+  const int64_t c = s.chunk_len, half = head_dim_ / 2, heads = x.dim(2), per = ctx.batch * c * heads * head_dim_;
+  for (size_t k = 0; k < s.chunks.size(); ++k)
+    ctx.dev->rope(x.view({ctx.batch, c, heads, head_dim_}, int64_t(k) * per),
+                  ctx.rope_cos.view({c, half}, s.chunks[k] * c * half),
+                  ctx.rope_sin.view({c, half}, s.chunks[k] * c * half), inverse);
 }
 
 Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
@@ -59,21 +69,28 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
   const int64_t n = x.dim(0);
   Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
   Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
-  Tensor v = linear_forward(dev, x, wv).reshape({ctx.batch, ctx.seq_len, n_kv_heads_, head_dim_});
-  Tensor o = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
-  Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
+  Tensor v = linear_forward(dev, x, wv).reshape(k.shape());
   const float scale = 1.0f / std::sqrt(float(head_dim_));
-  dev.attention_forward(q, k, v, o, lse, scale);
-  Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
-  Tensor out = linear_forward(dev, o2, wo);
-  for (const Tensor& t : {x, q, k, v, o, lse}) saved.push(t);
+  Tensor o;
+  if (ctx.cp.active()) {  // the sequence is split over cp: attention crosses the group
+    CpAttentionForward f = cp_attention_forward(dev, ctx.cp, ctx.shard, ctx.batch, q, k, v, scale);
+    o = f.out;
+    saved.push(x);
+    for (const Tensor& t : f.saved) saved.push(t);
+  } else {
+    o = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
+    Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
+    dev.attention_forward(q, k, v, o, lse, scale);
+    for (const Tensor& t : {x, q, k, v, lse}) saved.push(t);
+  }
+  saved.push(o);
+  Tensor out = linear_forward(dev, o.reshape({n, n_heads_ * head_dim_}), wo);
   return tp_exit(dev, ctx.tp, out);
 }
 
 Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm,
                                       int64_t heads) {
-  Device& dev = *ctx.dev;
-  dev.rope(dq, ctx.rope_cos, ctx.rope_sin, true);  // RoPE is orthogonal: its adjoint is the inverse rotation
+  rope_chunks(ctx, dq, true);  // RoPE is orthogonal: its adjoint is the inverse rotation
   Tensor d2 = dq.reshape({dq.numel() / head_dim_, head_dim_});
   // d2 is dq after the in-place inverse rotation: what the norm's (possibly deferred) dW reads.
   if (qk_norm_) d2 = rmsnorm_backward(ctx, saved, d2, norm);
@@ -83,14 +100,25 @@ Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Ten
 Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {
   Device& dev = *ctx.dev;
   const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
-  Tensor lse = saved.pop(), o = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop(), x = saved.pop();
-  const int64_t n = x.dim(0);
-  Tensor o2 = o.reshape({n, n_heads_ * head_dim_});
-  Tensor d_o = linear_backward(ctx, dout, o2, wo).reshape(q.shape());
-  Tensor dq = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
-  Tensor dk = dev.empty(k.shape(), k.dtype(), MemCategory::kActivations);
-  Tensor dv = dev.empty(v.shape(), v.dtype(), MemCategory::kActivations);
-  dev.attention_backward(d_o, q, k, v, o, lse, 1.0f / std::sqrt(float(head_dim_)), dq, dk, dv);
+  const Tensor o = saved.pop();
+  const int64_t n = o.numel() / (n_heads_ * head_dim_);
+  Tensor d_o = linear_backward(ctx, dout, o.reshape({n, n_heads_ * head_dim_}), wo).reshape(o.shape());
+  const float scale = 1.0f / std::sqrt(float(head_dim_));
+  Tensor dq, dk, dv, x;
+  if (ctx.cp.active()) {
+    std::vector<Tensor> kept(5);
+    for (size_t i = kept.size(); i-- > 0;) kept[i] = saved.pop();
+    x = saved.pop();
+    CpAttentionGrads g = cp_attention_backward(dev, ctx.cp, ctx.shard, ctx.batch, kept, d_o, scale);
+    dq = g.dq, dk = g.dk, dv = g.dv;
+  } else {
+    Tensor lse = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop();
+    x = saved.pop();
+    dq = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
+    dk = dev.empty(k.shape(), k.dtype(), MemCategory::kActivations);
+    dv = dev.empty(v.shape(), v.dtype(), MemCategory::kActivations);
+    dev.attention_backward(d_o, q, k, v, o, lse, scale, dq, dk, dv);
+  }
   // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
   Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);
   Tensor dq2 = project_qk_backward(ctx, saved, dq, q_norm, n_heads_);

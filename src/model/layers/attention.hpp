@@ -6,7 +6,9 @@
 namespace meshtrain {
 
 /// wq [Hq·Dh, D], wk, wv [Hkv·Dh, D], wo [D, Hq·Dh]; q_norm, k_norm [Dh] when qk_norm.
-/// forward: x [N, D] (already normed) → [N, D], N per tp_local_tokens. Under tensor
+/// forward: x [N, D] (already normed) → [N, D], N per tp_local_tokens. Under context
+/// parallelism the tokens are this cp rank's chunks (chunk-major) and attention runs across the
+/// cp group (parallel/context/cp_attention.hpp). Under tensor
 /// parallelism wq, wk, wv are column-parallel (this rank's Hq/tp query and Hkv/tp kv heads;
 /// local query head h still reads local kv head h / (Hq/Hkv)) and wo row-parallel: one tp_exit
 /// in forward and one in backward. q_norm / k_norm stay replicated, their gradients partial.
@@ -26,6 +28,9 @@ class Attention final : public Layer {
   Tensor project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
                     int64_t heads);
   Tensor project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm, int64_t heads);
+  /// RoPE (inverse: its adjoint) in place on x [chunks·B, C, H, Dh], each local chunk of the
+  /// sequence rotated by its tokens' global positions (ctx.shard).
+  void rope_chunks(StepContext& ctx, const Tensor& x, bool inverse) const;
   std::string name_;
   int64_t n_heads_, n_kv_heads_, head_dim_;
   bool qk_norm_;

@@ -1,0 +1,198 @@
+#include "parallel/context/cp_attention.hpp"
+
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "parallel/context/ulysses_attention.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+constexpr int kTagKv = 1, kTagDkv = 2;  // MPI tags of the ring's two streams (NCCL matches in order)
+
+/// Sizes of one rank's operands.
+struct Sizes {
+  int64_t b, c, hq, hkv, dh, chunks;
+  int64_t q_chunk() const { return b * c * hq * dh; }    // elements of one [B, C, Hq, Dh] chunk
+  int64_t kv_chunk() const { return b * c * hkv * dh; }  // elements of one [B, C, Hkv, Dh] chunk
+  int64_t kv() const { return chunks * kv_chunk(); }     // elements of this rank's K (or V)
+};
+
+Sizes check(const char* fn, const SequenceShard& shard, int64_t batch, const Tensor& q, const Tensor& k,
+            const Tensor& v) {
+  const int64_t chunks = int64_t(shard.chunks.size());
+  if (q.ndim() != 4 || k.shape() != v.shape() || k.ndim() != 4 || q.dim(0) != chunks * batch ||
+      q.dim(1) != shard.chunk_len || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3) ||
+      q.dim(2) % k.dim(2))
+    throw std::invalid_argument(std::string(fn) + ": q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) +
+                                ", v " + shape_str(v.shape()) + " are not [chunks·B, C, H, Dh] with " +
+                                std::to_string(chunks) + " chunks of C = " + std::to_string(shard.chunk_len) +
+                                " and B = " + std::to_string(batch));
+  return Sizes{batch, shard.chunk_len, q.dim(2), k.dim(2), q.dim(3), chunks};
+}
+
+/// K and V in one buffer [2, chunks·B·C·Hkv·Dh], so that one collective or one ring hop moves both.
+Tensor pack_kv(Device& dev, const Tensor& k, const Tensor& v) {
+  Tensor kv = dev.empty({2 * k.numel()}, k.dtype(), MemCategory::kCommunication);
+  dev.copy(kv.view({k.numel()}, 0), k.reshape({k.numel()}));
+  dev.copy(kv.view({v.numel()}, v.numel()), v.reshape({v.numel()}));
+  return kv;
+}
+
+/// The mask of local query chunk gq against key chunk gk, or nothing to compute (gk > gq).
+bool block_mask(int64_t gq, int64_t gk, AttentionMask* mask) {
+  if (gk > gq) return false;
+  *mask = gk == gq ? AttentionMask::kCausal : AttentionMask::kNone;
+  return true;
+}
+
+/// The running result of a rank's queries: out f32 [chunks·B, C, Hq, Dh], lse f32 [chunks, B, Hq, C].
+struct Partial {
+  Tensor out, lse, out_b, lse_b;  // the last two: one block's result, reused
+};
+
+/// Forward of this rank's query chunks against the K/V `kv` ([2, chunks·B·C·Hkv·Dh]) of the cp
+/// rank whose global chunks are `kv_chunks`, merged into `acc`.
+void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& kv,
+                    const std::vector<int64_t>& kv_chunks, float scale, Partial& acc) {
+  for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
+    for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
+      AttentionMask mask;
+      if (!block_mask(shard.chunks[qc], kv_chunks[kc], &mask)) continue;
+      const Tensor qv = q.view({z.b, z.c, z.hq, z.dh}, int64_t(qc) * z.q_chunk());
+      const Tensor kt = kv.view({z.b, z.c, z.hkv, z.dh}, int64_t(kc) * z.kv_chunk());
+      const Tensor vt = kv.view({z.b, z.c, z.hkv, z.dh}, z.kv() + int64_t(kc) * z.kv_chunk());
+      dev.attention_block_forward(qv, kt, vt, mask, acc.out_b, acc.lse_b, scale);
+      dev.attention_merge(acc.out.view({z.b, z.c, z.hq, z.dh}, int64_t(qc) * z.q_chunk()),
+                          acc.lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c), acc.out_b, acc.lse_b);
+    }
+}
+
+/// Backward counterpart: dq f32 like q; dkv f32 [2, chunks·B·C·Hkv·Dh], the gradients of `kv`.
+void backward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& out,
+                     const Tensor& lse, const Tensor& dout, const Tensor& kv, const std::vector<int64_t>& kv_chunks,
+                     float scale, const Tensor& dq, const Tensor& dkv) {
+  for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
+    for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
+      AttentionMask mask;
+      if (!block_mask(shard.chunks[qc], kv_chunks[kc], &mask)) continue;
+      const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
+      const int64_t qo = int64_t(qc) * z.q_chunk(), ko = int64_t(kc) * z.kv_chunk();
+      dev.attention_block_backward(dout.view(qs, qo), q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask,
+                                   out.view(qs, qo), lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c),
+                                   scale, dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko));
+    }
+}
+
+/// t (f32) in the activation dtype `dt`: t itself when dt is f32, else a cast copy.
+Tensor to_dtype(Device& dev, const Tensor& t, DType dt, MemCategory cat) {
+  if (t.dtype() == dt) return t;
+  Tensor out = dev.empty(t.shape(), dt, cat);
+  dev.cast(out, t);
+  return out;
+}
+
+std::vector<int64_t> chunks_of(const ContextParallel& cp, const SequenceShard& shard, int64_t rank) {
+  return sequence_shard(shard.seq_len, cp.size, rank, cp.balancer).chunks;
+}
+
+int64_t next_rank(const ContextParallel& cp) { return (cp.rank + 1) % cp.size; }
+int64_t prev_rank(const ContextParallel& cp) { return (cp.rank + cp.size - 1) % cp.size; }
+
+void wait_all(std::vector<std::unique_ptr<Work>>& works) {
+  for (auto& w : works) w->wait();
+  works.clear();
+}
+
+}  // namespace
+
+CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
+                                        int64_t batch, const Tensor& q, const Tensor& k, const Tensor& v,
+                                        float scale) {
+  const Sizes z = check("cp_attention_forward", shard, batch, q, k, v);
+  if (cp.rotate == CpRotate::kUlysses) return ulysses_forward(dev, cp, shard, batch, q, k, v, scale);
+  Partial acc;
+  acc.out = dev.zeros(q.shape(), DType::kF32, MemCategory::kActivations);
+  acc.lse = dev.empty({z.chunks, z.b, z.hq, z.c}, DType::kF32, MemCategory::kActivations);
+  dev.fill(acc.lse, -std::numeric_limits<float>::infinity());  // nothing seen yet: the first merge copies
+  acc.out_b = dev.empty({z.b, z.c, z.hq, z.dh}, DType::kF32, MemCategory::kCommunication);
+  acc.lse_b = dev.empty({z.b, z.hq, z.c}, DType::kF32, MemCategory::kCommunication);
+  Tensor kv = pack_kv(dev, k, v);
+  if (cp.rotate == CpRotate::kAllGather) {
+    Tensor all = dev.empty({cp.size * kv.numel()}, kv.dtype(), MemCategory::kCommunication);
+    cp.comm->all_gather(kv, all)->wait();
+    for (int64_t r = 0; r < cp.size; ++r)
+      forward_blocks(dev, z, shard, q, all.view({kv.numel()}, r * kv.numel()), chunks_of(cp, shard, r), scale, acc);
+  } else {  // the ring
+    Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
+    for (int64_t s = 0; s < cp.size; ++s) {
+      std::vector<std::unique_ptr<Work>> hop;
+      if (s + 1 < cp.size)
+        hop = cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}});
+      forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, acc);
+      wait_all(hop);
+      std::swap(kv, next);
+    }
+  }
+  CpAttentionForward r;
+  r.out = to_dtype(dev, acc.out, q.dtype(), MemCategory::kActivations);
+  r.saved = {q, k, v, r.out, acc.lse};
+  return r;
+}
+
+CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
+                                       int64_t batch, const std::vector<Tensor>& saved, const Tensor& dout,
+                                       float scale) {
+  if (cp.rotate == CpRotate::kUlysses) return ulysses_backward(dev, cp, shard, batch, saved, dout, scale);
+  if (saved.size() != 5) throw std::invalid_argument("cp_attention_backward: saved tensors are not forward's");
+  const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+  const Sizes z = check("cp_attention_backward", shard, batch, q, k, v);
+  if (dout.shape() != q.shape())
+    throw std::invalid_argument("cp_attention_backward: dout " + shape_str(dout.shape()) + " is not q's " +
+                                shape_str(q.shape()));
+  Tensor dq = dev.zeros(q.shape(), DType::kF32, MemCategory::kActivations);
+  Tensor kv = pack_kv(dev, k, v);
+  Tensor dkv = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);  // this rank's K/V gradients
+  if (cp.rotate == CpRotate::kAllGather) {
+    Tensor all = dev.empty({cp.size * kv.numel()}, kv.dtype(), MemCategory::kCommunication);
+    cp.comm->all_gather(kv, all)->wait();
+    Tensor dall = dev.zeros({cp.size * kv.numel()}, DType::kF32, MemCategory::kCommunication);
+    for (int64_t r = 0; r < cp.size; ++r)
+      backward_blocks(dev, z, shard, q, out, lse, dout, all.view({kv.numel()}, r * kv.numel()),
+                      chunks_of(cp, shard, r), scale, dq, dall.view({kv.numel()}, r * kv.numel()));
+    cp.comm->reduce_scatter(dall, dkv, ReduceOp::kSum)->wait();
+  } else {  // the ring, with the K/V gradients travelling behind their K/V
+    Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
+    Tensor mine = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);      // this step's share
+    Tensor arrived = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);   // partial sum from r − 1
+    Tensor sending = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);   // in flight to r + 1
+    std::vector<std::unique_ptr<Work>> grads;  // the partial sums' hop: send `sending`, receive `arrived`
+    for (int64_t s = 0; s < cp.size; ++s) {
+      std::vector<std::unique_ptr<Work>> hop;
+      if (s + 1 < cp.size)
+        hop = cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}});
+      dev.fill(mine, 0.0f);
+      backward_blocks(dev, z, shard, q, out, lse, dout, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size),
+                      scale, dq, mine);
+      wait_all(grads);  // `arrived` holds the partial sum of this step's block; `sending` is free
+      if (s > 0) dev.add(mine, arrived, 1.0f);
+      std::swap(mine, sending);
+      // After the last step the partial sum that arrives is the whole gradient of this rank's K/V.
+      grads = cp.comm->send_recv_batch(
+          {{true, sending, int(next_rank(cp)), kTagDkv}, {false, arrived, int(prev_rank(cp)), kTagDkv}});
+      wait_all(hop);
+      std::swap(kv, next);
+    }
+    wait_all(grads);
+    dkv = arrived;
+  }
+  CpAttentionGrads g;
+  g.dq = to_dtype(dev, dq, q.dtype(), MemCategory::kActivations);
+  g.dk = to_dtype(dev, dkv.view(k.shape(), 0), k.dtype(), MemCategory::kActivations);
+  g.dv = to_dtype(dev, dkv.view(v.shape(), z.kv()), v.dtype(), MemCategory::kActivations);
+  return g;
+}
+
+}  // namespace meshtrain
