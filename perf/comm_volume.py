@@ -6,8 +6,11 @@ with gradient accumulation and with fsdp_reshard_after_forward=never), HSDP (2 x
 parallelism (TP 2 under FSDP, ZeRO-2, HSDP and DDP; TP alone; without sequence parallelism;
 without loss parallelism; with activation checkpointing; with uneven vocabulary / FFN splits) and
 pipeline parallelism (pp alone; pp 2 under FSDP, DDP, ZeRO-2 and TP 2; 1F1B, GPipe,
-Interleaved1F1B, ZBVZeroBubble; two rounds of accumulation) at 4 and 8 ranks. Every counter must equal its formula exactly; prints a table, writes JSON and exits 1
-on any mismatch (or failed run).
+Interleaved1F1B, ZBVZeroBubble; two rounds of accumulation) at 4 and 8 ranks, and context
+parallelism (cp 2 x FSDP 2 all-gather; cp 4 ring; cp 2 Ulysses under HSDP; cp 2 x TP 2 ring; cp 2
+all-gather with full activation checkpointing and accumulation; cp 2 x pp 2 ring) at 4 ranks.
+Every counter must equal its formula exactly; prints a table, writes JSON and exits 1 on any
+mismatch (or failed run).
 
 Formulas (4-byte floats; units = embedding, each block, norm + output head; align16(x) = x rounded
 up to 16 elements; S_u = sum over the unit's parameters p of align16(ceil(rows_p / N) * row_elems_p)
@@ -57,6 +60,26 @@ the data-parallel reduction: every attention_norm, ffn_norm and norm weight with
 and k_norm (Qwen3) always; the whole parameter when dp_shard = 1, else its dim-0 shard
 min(ceil(rows / dp_shard), rows) rows (not padded). Validation is off (not counted in a step).
 
+Context parallelism of degree CP (context_parallel_degree): each rank holds s = seq_len / CP tokens
+of each of its samples, so every s above (tp's A and Z, pp's A_pp) is seq_len / CP; parameters
+shard over fsdp = dp_shard x CP, so N above is dp_shard * CP (FSDP even when dp_shard = 1) and E's
+shard is over that N; samples and M still come from dp_replicate x dp_shard. On group cp, per
+attention layer and micro-batch, with B_a = 4 (the activation dtype: f32 on the cpu device), the
+dK/dV partial sums always f32 (4 bytes), Hq_t = n_heads / T and Hkv_t = n_kv_heads / T the heads
+of a tp rank, Dh = head_dim, b the micro-batch's samples (b_mb under pp), KV = 2*b*s*Hkv_t*Dh the
+packed K and V elements of one rank, L the rank's blocks and C its recomputed blocks (their
+forward, and so its collectives, runs again in backward), M the micro-batches per step (M_pp
+under pp), and per call a2a(x) = x*(CP-1)/CP (an all-to-all of x bytes keeps 1/CP of them):
+  allgather  cp all_gather      M * (2L + C) * (CP-1)*KV*B_a           (K/V gathered in forward,
+                                                                        again in backward)
+             cp reduce_scatter  M * L * (CP-1)*KV*4                    (dK/dV back to their owners)
+  alltoall   cp send_recv       M * ((2L + C) * (CP-1)*KV*B_a + L * (CP-1)*KV*4)
+                                (ring: CP-1 hops of K/V per forward pass; backward CP-1 hops of
+                                K/V and CP-1 hops of the dK/dV partial sums)
+  ulysses    cp all_to_all      M * (2L + C) * 2 * (a2a(b*s*Hq_t*Dh*B_a) + a2a(b*s*Hkv_t*Dh*B_a))
+                                (forward: q, k, v to head shards and the output back; backward:
+                                dout to head shards and dq, dk, dv back)
+
 usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--steps 3]
            [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--local-batch 2]
            [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain] [--timeout S]
@@ -86,7 +109,8 @@ ALIGN = 16
 # none), ac_option (selective_ac_option), model ({key: value} --model overrides; tp-uneven: vocabulary
 # and FFN hidden units that tp does not divide, tp rank 0 holding the larger chunk). The
 # data-parallel degrees of a TP layout multiply to N / tp; tp-only (tp = N) raises n_heads /
-# n_kv_heads to tp where tp does not divide them (head_overrides).
+# n_kv_heads to tp where tp does not divide them (head_overrides). cp (context_parallel_degree)
+# and rotate (context_parallel_rotate_method): the degrees then multiply to N with cp.
 LAYOUTS = {
     "ddp": ("N", 1, None, 1, None),
     "ddp-ga2": ("N", 1, None, 2, None),
@@ -120,6 +144,15 @@ LAYOUTS = {
     "pp-zero2-il": (1, "N/2", 2, 1, None, {"pp": 2, "schedule": "Interleaved1F1B", "m": 4, "ranks": (4,)}),
     "pp-zbv": (1, "N/2", 3, 1, None, {"pp": 2, "schedule": "ZBVZeroBubble", "m": 4, "ranks": (4,)}),
     "pp-tp": (1, "N/4", 3, 1, None, {"pp": 2, "tp": 2, "schedule": "1F1B", "m": 2}),
+    # Context-parallel layouts: cp degree, rotate (context_parallel_rotate_method). cp-ulysses
+    # runs under HSDP (2 replicas of fsdp = cp 2); the tiny deck's 2 kv heads divide cp 2.
+    "cp-fsdp": (1, 2, 3, 1, None, {"cp": 2, "rotate": "allgather", "ranks": (4,)}),
+    "cp-ring": (1, 1, 3, 1, None, {"cp": 4, "rotate": "alltoall", "ranks": (4,)}),
+    "cp-ulysses": (2, 1, 3, 1, None, {"cp": 2, "rotate": "ulysses", "ranks": (4,)}),
+    "cp-tp": (1, 1, 3, 1, None, {"cp": 2, "tp": 2, "rotate": "alltoall", "ranks": (4,)}),
+    "cp-ac-ga2": (1, 2, 3, 2, None, {"cp": 2, "rotate": "allgather", "ac": "full", "ranks": (4,)}),
+    "cp-pp": (1, 1, 3, 1, None, {"cp": 2, "pp": 2, "rotate": "alltoall", "schedule": "1F1B", "m": 2,
+                                 "ranks": (4,)}),
 }
 PP_LAYERS = 6  # blocks of the pp layouts' model (--model.n_layers), so stages split unevenly
 
@@ -395,6 +428,33 @@ def expected_tp_bytes(m, units, T, N, M, b, s, sp, loss_parallel, recomputed, bl
     return {k: Fraction(v) for k, v in exp.items() if v}
 
 
+def expected_cp_bytes(m, T, CP, rotate, M, b, s, L, recomputed):
+    """{("cp", collective): bytes per step per rank} for cp degree CP > 1 (see the docstring):
+    M micro-batches of b samples of s = seq_len / CP local tokens, L attention layers of which
+    `recomputed` run their forward again in backward, T the tp degree."""
+    if CP == 1:
+        return {}
+    Hq, Hkv = m["n_heads"], m["n_kv_heads"]
+    Dh = m.get("head_dim") or m["dim"] // Hq
+    assert Hq % T == 0 and Hkv % T == 0, "tp must divide the heads (head_overrides)"
+    Hq_t, Hkv_t = Hq // T, Hkv // T
+    B_a, B_g = FLOAT_BYTES, 4                      # activation dtype (f32 on cpu); dK/dV sums (f32 always)
+    kv = 2 * b * s * Hkv_t * Dh                    # K and V of one rank, packed
+    passes = 2 * L + recomputed                    # forward, backward, recomputed forward
+    if rotate == "allgather":
+        exp = {("cp", "all_gather"): M * passes * (CP - 1) * kv * B_a,
+               ("cp", "reduce_scatter"): M * L * (CP - 1) * kv * B_g}
+    elif rotate == "alltoall":
+        exp = {("cp", "send_recv"): M * (passes * (CP - 1) * kv * B_a + L * (CP - 1) * kv * B_g)}
+    elif rotate == "ulysses":
+        a2a = lambda x: Fraction(x * (CP - 1), CP)
+        q, k = B_a * b * s * Hq_t * Dh, B_a * b * s * Hkv_t * Dh
+        exp = {("cp", "all_to_all"): M * passes * 2 * (a2a(q) + a2a(k))}
+    else:
+        raise ValueError(f"unknown context_parallel_rotate_method {rotate!r}")
+    return {key: Fraction(v) for key, v in exp.items() if v}
+
+
 def read_deck(path):
     """{section: {key: value}} of a deck (tomllib, or its flat scalar lines without it)."""
     if tomllib:
@@ -423,7 +483,7 @@ def resolve(layout, n):
     R, S, zero, M, reshard, *rest = LAYOUTS[layout]
     val = {"N": n, "N/2": n // 2, "N/4": n // 4, "2N": 2 * n, 1: 1, 2: 2, 4: 4}
     tp = dict(rest[0]) if rest else {}
-    for k in ("tp", "pp", "m"):
+    for k in ("tp", "pp", "cp", "m"):
         if k in tp:
             tp[k] = val[tp[k]]
     return val[R], val[S], zero, M, reshard, tp
@@ -476,8 +536,8 @@ def main():
         for n in args.ranks:
             for layout in args.layouts:
                 R, S, zero, M, reshard, tp = resolve(layout, n)
-                T, P = tp.get("tp", 1), tp.get("pp", 1)
-                if R * S * T * P != n or ("hsdp" in layout and S < 2) or n not in tp.get("ranks", (n,)):
+                T, P, CP = tp.get("tp", 1), tp.get("pp", 1), tp.get("cp", 1)
+                if R * S * T * P * CP != n or ("hsdp" in layout and S < 2) or n not in tp.get("ranks", (n,)):
                     continue
                 if P > 1 and deck_name != "tiny":
                     continue  # tied embeddings under pp add the embedding-group exchange; not modelled
@@ -509,12 +569,15 @@ def main():
                         over.append(f"--activation_checkpoint.mode={tp['ac']}")
                     if "ac_option" in tp:
                         over.append(f"--activation_checkpoint.selective_ac_option={tp['ac_option']}")
+                    if CP > 1:
+                        over += [f"--parallelism.context_parallel_degree={CP}",
+                                 f"--parallelism.context_parallel_rotate_method={tp['rotate']}"]
                 tag = f"{deck_name}-{layout}-np{n}"
                 print(f"running {tag}: {' '.join(over)}", flush=True)
                 recs, _, err = train(args.binary, deck, data, os.path.join(args.out, tag), n, over,
                                      timeout=args.timeout)
                 run = {"deck": deck_name, "layout": layout, "ranks": n, "dp_replicate": R, "dp_shard": S,
-                       "tp": T, "pp": P, "zero_stage": zero, "micro_batches": M, "reshard": reshard,
+                       "tp": T, "pp": P, "cp": CP, "zero_stage": zero, "micro_batches": M, "reshard": reshard,
                        "overrides": over}
                 if err:
                     record_failure(runs, run, err)
@@ -526,8 +589,11 @@ def main():
                 cfg = read_deck(resolved)
                 par, ac = cfg["parallelism"], cfg["activation_checkpoint"]
                 T_run = par["tensor_parallel_degree"]
+                CP_run, rotate = par["context_parallel_degree"], par["context_parallel_rotate_method"]
+                N = S * CP_run  # the fsdp group: parameters shard over dp_shard x cp
                 sp, loss_parallel = bool(par["enable_sequence_parallel"]), not par["disable_loss_parallel"]
-                b, seq = cfg["training"]["local_batch_size"], cfg["training"]["seq_len"]
+                b = cfg["training"]["local_batch_size"]
+                seq = cfg["training"]["seq_len"] // CP_run  # tokens per sample on this rank
                 recomputed = checkpointed_blocks(m_run["n_layers"], ac["mode"], ac["selective_ac_option"])
                 units_run = model_units(m_run, T_run)
                 last = recs[-1]
@@ -537,8 +603,10 @@ def main():
                         counted[(g, c)] = bytes_
                 P_run = par["pipeline_parallel_degree"]
                 if P_run == 1:
-                    expected = expected_bytes(units_run, R, S, M, zero if S > 1 else None, reshard)
-                    expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M, b, seq, sp, loss_parallel,
+                    expected = expected_bytes(units_run, R, N, M, zero if N > 1 else None, reshard)
+                    expected.update(expected_tp_bytes(m_run, units_run, T_run, N, M, b, seq, sp, loss_parallel,
+                                                      recomputed))
+                    expected.update(expected_cp_bytes(m_run, T_run, CP_run, rotate, M, b, seq, m_run["n_layers"],
                                                       recomputed))
                 else:
                     schedule = par.get("pipeline_parallel_schedule", "1F1B")
@@ -553,24 +621,30 @@ def main():
                     rec = {"full": len(mine), "selective": sum(1 for i in mine if i % int(ac["selective_ac_option"]) == 0),
                            "none": 0}[ac["mode"]]
                     M_pp = M * (b // b_mb)  # rounds x micro-batches per round
-                    expected = expected_bytes(units_run, R, S, 1, zero if S > 1 else None, "never")
-                    expected.update(expected_tp_bytes(m_run, units_run, T_run, S, M_pp, b_mb, seq, sp, loss_parallel,
+                    expected = expected_bytes(units_run, R, N, 1, zero if N > 1 else None, "never")
+                    expected.update(expected_tp_bytes(m_run, units_run, T_run, N, M_pp, b_mb, seq, sp, loss_parallel,
                                                       rec, blocks=len(mine), ends=ends,
                                                       head=num_stages - 1 in stages))
+                    expected.update(expected_cp_bytes(m_run, T_run, CP_run, rotate, M_pp, b_mb, seq, len(mine), rec))
                     expected.update(expected_pp_bytes(stages, num_stages, rank_of, M_pp, b_mb, seq, m_run["dim"],
                                                       T_run, sp))
                     run.update({"schedule": schedule, "stages_of_pp_rank0": stages,
                                 "blocks_of_pp_rank0": mine, "pp_micro_batches": M_pp})
                 run.update({"step": last.get("step"), "comm_bytes": last.get("comm_bytes"),
                             "comm_wait_s": last.get("comm_wait_s"), "step_time_s": last.get("step_time_s"),
-                            "unit_shard_elems": [unit_shard(u, S) for u in units_run] if S > 1 else None,
+                            "unit_shard_elems": [unit_shard(u, N) for u in units_run] if N > 1 else None,
                             "flat_grad_elems": flat_grad_elems(units_run)})
                 if T_run > 1:
                     run.update({"sequence_parallel": sp, "loss_parallel": loss_parallel,
                                 "activation_checkpoint": ac["mode"], "recomputed_blocks": recomputed,
-                                "partial_grad_elems": partial_grad_elems(units_run, S, sp)})
+                                "partial_grad_elems": partial_grad_elems(units_run, N, sp)})
+                if CP_run > 1:
+                    run.update({"rotate_method": rotate, "fsdp": N, "tokens_per_sample": seq})
                 if T_run != T:
                     run["error"] = f"the resolved deck has tensor_parallel_degree {T_run}, not {T}"
+                    failed = True
+                if CP_run != CP:
+                    run["error"] = f"the resolved deck has context_parallel_degree {CP_run}, not {CP}"
                     failed = True
                 if "comm_bytes" not in last:
                     run["error"] = "no comm_bytes in the last training record"

@@ -69,6 +69,9 @@ struct TrainingSection {
   std::string device = "cpu";                     ///< cpu (fp32 reference) | cuda (one GPU per rank)
   std::string mixed_precision_param = "float32";   ///< forward/backward dtype: float32 | bfloat16 (cuda)
   std::string mixed_precision_reduce = "float32";  ///< gradient reduction dtype: float32 | bfloat16
+  /// Cap on the memory each rank's device allocator may hold, GiB (0: the device's own memory):
+  /// an allocation past it stops the run with an out-of-memory error naming this key.
+  double memory_limit_gib = 0;
   /// Steps in a row whose loss or gradient norm is NaN / inf that are skipped (no optimizer
   /// update, logged) before the run stops; 0 = stop at the first (Megatron skips fp16 overflow).
   int64_t skip_nonfinite_steps = 0;

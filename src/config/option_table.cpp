@@ -243,6 +243,11 @@ std::vector<Option> build_option_table() {
     s.str("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
           "dtype in which data-parallel gradients are reduced (summed into float32 gradients either way)",
           {"float32", "bfloat16"});
+    s.real("memory_limit_gib", &TrainingSection::memory_limit_gib,
+           "cap on each rank's device memory (its allocator's reserved bytes), GiB: an allocation past it stops the "
+           "run with an out-of-memory error; 0 = the device's own memory (a CPU node's share per rank, a smaller "
+           "GPU)",
+           0.0);
     s.integer("skip_nonfinite_steps", &TrainingSection::skip_nonfinite_steps,
               "steps in a row with a NaN / inf loss or gradient norm that are skipped (no update) before the run stops "
               "with status 5; 0 = stop at the first",

@@ -136,14 +136,14 @@ class Device {
   /// the block's scaled scores). Query head h reads kv head h / (Hq / Hkv).
   /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
   virtual void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                                       const Tensor& out, const Tensor& lse, float scale);
+                                       const Tensor& out, const Tensor& lse, float scale) = 0;
   /// Merges one block's partial result into the running one with the log-sum-exp rule, in f32
   /// (the rule of Milakov & Gimelshein 2018, as Ring Attention applies it): with
   /// σ(x) = 1 / (1 + e^(−x)), out ← out − σ(lse_b − lse)·(out − out_b), then
   /// lse ← lse − log σ(lse − lse_b). out, out_b f32 [B, T, H, Dh]; lse, lse_b f32 [B, H, T].
   /// A row whose lse is −inf (nothing seen yet) takes the block's values.
   /// @throws std::invalid_argument on mismatched shapes or dtypes.
-  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) = 0;
   /// Backward of one block given the merged forward: dout, out [B, Tq, Hq, Dh] (activation
   /// dtype) are the gradient and value of the attention output over all key blocks, lse f32
   /// [B, Hq, Tq] the log-sum-exp over all of them (the external lse), so that the block's
@@ -154,7 +154,7 @@ class Device {
   /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
   virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                         AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                        const Tensor& dq, const Tensor& dk, const Tensor& dv);
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
   /// SwiGLU (Shazeer 2020): y = silu(a) ⊙ b; a, b, y [N, H].
   virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   /// da, db [N, H] overwritten.

@@ -26,20 +26,6 @@ int cuda_device_count() {
 #endif
 }
 
-// TEMPORARY (issue 17 in progress): defaults until CudaDevice implements the block forms.
-void Device::attention_block_forward(const Tensor&, const Tensor&, const Tensor&, AttentionMask, const Tensor&,
-                                     const Tensor&, float) {
-  throw std::logic_error(name() + ": attention_block_forward is not implemented yet");
-}
-void Device::attention_merge(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  throw std::logic_error(name() + ": attention_merge is not implemented yet");
-}
-void Device::attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, AttentionMask,
-                                      const Tensor&, const Tensor&, float, const Tensor&, const Tensor&,
-                                      const Tensor&) {
-  throw std::logic_error(name() + ": attention_block_backward is not implemented yet");
-}
-
 void Device::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
   AdamWParams q = p;
   for (const AdamWSegment& s : segments) {

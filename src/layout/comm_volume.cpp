@@ -20,6 +20,26 @@ std::string human(double bytes) {
   std::snprintf(buf, sizeof buf, "%.3g %s", bytes, units[u]);
   return buf;
 }
+
+/// Bytes a rank sends on the cp group per step (the cp term of comm_volume.hpp). `samples` =
+/// micro-batches × samples per micro-batch: every term is linear in the samples, so pipeline
+/// micro-batching (more, smaller micro-batches) does not change it. s = tokens per sample on the
+/// rank, L = blocks per stage, C = blocks whose forward activation checkpointing reruns.
+double cp_bytes(const std::string& rotate, const ParallelDims& d, const ModelArgs& m, double samples, double s,
+                double L, double C, double bp) {
+  if (d.cp <= 1) return 0.0;
+  // dK/dV partial sums travel in f32 whatever the activation dtype: they are sums over ranks,
+  // cast to the activation dtype once, after the last one arrives (cp_attention.cpp).
+  constexpr double kGradBytes = 4;
+  const double cp = double(d.cp), tp = double(d.tp), dh = double(m.head_dim);
+  const double hq = double(m.n_heads) / tp, hkv = double(m.n_kv_heads) / tp;  // tp divides both (job_config)
+  const double kv = 2 * samples * s * hkv * dh;  // K and V packed, as one collective moves them
+  const double passes = 2 * L + C;                // forward, backward, recomputed forward
+  if (rotate == "alltoall") return kv * (passes * (cp - 1) * bp + L * (cp - 1) * kGradBytes);
+  if (rotate == "ulysses") return passes * 2 * ring(d.cp) * samples * s * (hq + hkv) * dh * bp;
+  return kv * (cp - 1) * (passes * bp + L * kGradBytes);  // "allgather", the option table's only other value
+}
+
 }  // namespace
 
 std::array<double, kNumMeshDims> comm_bytes_per_step(const JobConfig& cfg, const ParallelDims& d) {
@@ -44,7 +64,7 @@ std::array<double, kNumMeshDims> comm_bytes_per_step(const JobConfig& cfg, const
                                                                    : 0.0;
   v[size_t(MeshDim::kTP)] = a * (4 * layers + (d.pp == 1 ? 2 : 1) + 2 * recomputed) * 2 * ring(d.tp) * act;
   v[size_t(MeshDim::kPP)] = d.pp > 1 ? a * 2 * act : 0;
-  v[size_t(MeshDim::kCP)] = d.cp > 1 ? a * 3 * layers * double(d.cp - 1) * 2 * b * s * double(m.n_kv_heads * m.head_dim) * bp : 0;
+  v[size_t(MeshDim::kCP)] = cp_bytes(cfg.parallelism.context_parallel_rotate_method, d, m, a * b, s, layers, recomputed, bp);
   // dp_shard and cp traffic is the fsdp group's; loss and dp carry only scalars.
   return v;
 }

@@ -28,8 +28,20 @@ namespace meshtrain {
 ///   perf/comm_volume.py has the exact counts).
 /// - pp: each micro-batch's activations sent forward and their gradients backward,
 ///   a·2·b·(s/cp)·h·B_p (an interior stage; the first and last send half).
-/// - cp (C ranks, ring attention): K and V blocks travel the ring in forward (C−1 hops) and K, V
-///   and their gradients in backward: a·3·(L/pp)·(C−1)·2·b·(s/cp)·Hkv·Dh·B_p.
+/// - cp (CP ranks): the bytes this rank sends, as the communicators count them (a send its
+///   whole tensor, an all-gather / reduce-scatter / all-to-all (CP−1)/CP of the larger side).
+///   Per attention layer and micro-batch the rank's packed K and V are KV = 2·b·(s/cp)·(Hkv/T)·Dh
+///   elements (Hq, Hkv query / kv heads, Dh = head_dim, T tp ranks); dK/dV travel as f32 sums
+///   (4 bytes); a stage has L/pp blocks, C of them rerunning their forward (as for tp):
+///   - allgather: K/V all-gathered in forward, again in backward and in each recomputed
+///     forward; dK/dV reduce-scattered back to their owners:
+///     a·(CP−1)·KV·((2·L/pp + C)·B_p + (L/pp)·4);
+///   - alltoall (ring): CP−1 hops of K/V per forward; backward CP−1 hops of K/V and CP−1 hops
+///     of the dK/dV partial sums: a·(CP−1)·KV·((2·L/pp + C)·B_p + (L/pp)·4);
+///   - ulysses: all-to-alls of q, k, v and the output in forward, of dout, dq, dk, dv in
+///     backward: a·(2·L/pp + C)·2·(CP−1)/CP·b·(s/cp)·((Hq + Hkv)/T)·Dh·B_p.
+///   Under pp, a·b is the same samples cut into smaller micro-batches, so the terms stand.
+///   perf/comm_volume.py checks them against the counters exactly, for the stage's own blocks.
 std::array<double, kNumMeshDims> comm_bytes_per_step(const JobConfig& cfg, const ParallelDims& dims);
 
 /// The layout report (layout_report) with a bytes-per-step column from comm_bytes_per_step.

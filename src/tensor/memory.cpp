@@ -1,5 +1,6 @@
 #include "tensor/memory.hpp"
 
+#include <cstdio>
 #include <new>
 
 namespace meshtrain {
@@ -37,6 +38,16 @@ void* CachingAllocator::allocate(size_t bytes, MemCategory cat) {
     }
   }
   if (!p) {
+    bool over;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      over = over_limit(rounded);
+    }
+    if (over) {  // cached blocks of other sizes count against the limit: return them first
+      release_cache();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (over_limit(rounded)) throw_out_of_memory(bytes, cat);
+    }
     p = raw_alloc_(rounded);
     if (!p) {
       release_cache();  // memory held by the cache may satisfy the request after all
@@ -74,6 +85,29 @@ void CachingAllocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak = stats_.in_use;
   stats_.total_peak = stats_.total_in_use;
+}
+
+void CachingAllocator::set_limit(int64_t bytes, const std::string& source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  limit_ = bytes > 0 ? bytes : 0;
+  limit_source_ = source;
+}
+
+void CachingAllocator::throw_out_of_memory(size_t bytes, MemCategory cat) {
+  auto mib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / 1048576.0);
+    return std::string(buf);
+  };
+  std::string use;
+  for (int c = 0; c < kNumMemCategories; ++c)
+    if (stats_.in_use[size_t(c)] > 0)
+      use += std::string(use.empty() ? "" : ", ") + mem_category_name(MemCategory(c)) + " " +
+             mib(double(stats_.in_use[size_t(c)]));
+  throw OutOfMemory("out of memory: " + mib(double(bytes)) + " of " + mem_category_name(cat) +
+                    " would take this rank's memory to " + mib(double(stats_.reserved_bytes) + double(round_size(bytes))) +
+                    ", over the limit of " + mib(double(limit_)) + " (" + limit_source_ + "); in use: " +
+                    (use.empty() ? "nothing" : use));
 }
 
 void CachingAllocator::release_cache() {

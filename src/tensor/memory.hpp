@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,17 @@ struct MemoryStats {
   int64_t reserved_bytes = 0;   ///< bytes obtained from the backend (in use + cached)
 };
 
+/// An allocation refused because it would take an allocator past its limit (set_limit): what()
+/// names the request, the limit and its source, and the bytes in use per category.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
 /// Abstract allocator a Storage returns its memory to.
 class Allocator {
  public:
@@ -49,6 +61,10 @@ class Allocator {
   virtual MemoryStats stats() const = 0;
   /// Starts a new peak-measurement window (peaks := current use).
   virtual void reset_peaks() = 0;
+  /// Caps the bytes obtained from the backend (MemoryStats::reserved_bytes) at `bytes`; 0 lifts
+  /// the cap. `source` says where the cap comes from (a deck key), for the error. An allocation
+  /// that would pass it, even after the cache is released, throws OutOfMemory. Throws nothing.
+  virtual void set_limit(int64_t bytes, const std::string& source) = 0;
 };
 
 /// Caches freed blocks by rounded size so training steps reuse the same buffers instead of
@@ -64,6 +80,7 @@ class CachingAllocator final : public Allocator {
   void deallocate(void* p, size_t bytes, MemCategory cat) override;
   MemoryStats stats() const override;
   void reset_peaks() override;
+  void set_limit(int64_t bytes, const std::string& source) override;
   /// Returns every cached block to the backend.
   void release_cache();
 
@@ -74,6 +91,11 @@ class CachingAllocator final : public Allocator {
   mutable std::mutex mu_;
   std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
   MemoryStats stats_;
+  int64_t limit_ = 0;  // bytes; 0 = none
+  std::string limit_source_;
+  /// Whether `rounded` more bytes from the backend would pass the limit. Caller holds mu_.
+  bool over_limit(size_t rounded) const { return limit_ > 0 && stats_.reserved_bytes + int64_t(rounded) > limit_; }
+  [[noreturn]] void throw_out_of_memory(size_t bytes, MemCategory cat);
 };
 
 }  // namespace meshtrain

@@ -182,6 +182,9 @@ Trainer::Trainer(const JobConfig& cfg, const ParallelDims& dims, const TokenStor
   // One GPU per rank: the node-local rank picks it (modulo the visible GPUs, so several ranks
   // may share one GPU in tests; collectives then go through MPI, see DeviceComms).
   device_ = make_device(cfg.training.device, 0, int(layout.place(world.rank()).local_rank));
+  if (cfg.training.memory_limit_gib > 0)
+    device_->allocator()->set_limit(int64_t(cfg.training.memory_limit_gib * 1073741824.0),
+                                    "[training] memory_limit_gib = " + fmt("%g", cfg.training.memory_limit_gib));
   dcomms_ = std::make_unique<DeviceComms>(comms_, *device_, world, layout, cfg.comm.init_timeout_seconds);
   pc_ = make_parallel_context(world_, comms_, *dcomms_);
   peak_flops_ = device_->peak_flops(&peak_measured_);
@@ -212,6 +215,7 @@ void Trainer::build_model() {
   cp_.rank = pc_.cp->rank();
   cp_.rotate = cp_rotate_from_name(cfg_.parallelism.context_parallel_rotate_method);
   cp_.balancer = cp_balancer_from_name(cfg_.parallelism.context_parallel_load_balancer);
+  cp_.stats = &cp_stats_;
   // Mixed precision: bf16 activations and compute copies of the weights; f32 masters, grads, AdamW.
   compute_dtype_ = cfg_.training.mixed_precision_param == "bfloat16" ? DType::kBF16 : DType::kF32;
   const DType reduce_dtype = cfg_.training.mixed_precision_reduce == "bfloat16" ? DType::kBF16 : DType::kF32;
@@ -382,6 +386,7 @@ StepResult Trainer::train_step(int64_t step) {
   const auto bytes0 = comm_bytes_now();
   sync.take_comm_wait_seconds();  // waits outside the step (validation) are not the step's
   if (pipelined_) static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
+  cp_stats_ = {};
   model_->zero_grad();
   double loss_sum = schedule_->run(step);
   sync.finish_gradients();
@@ -466,6 +471,12 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
     const std::vector<int64_t> act_peaks(per_stage.begin() + 2 * dims_.pp, per_stage.end());
     metrics_->write({{"step", step}, {"memory_peak_bytes_per_pp_rank", peaks}, {"pp_recv_wait_s_per_pp_rank", waits},
                      {"activation_peak_bytes_per_pp_rank", act_peaks}});
+  }
+  if (dims_.cp > 1) {  // the cp group's transfers: their spans and the part no block computation hid
+    double cs[2] = {cp_stats_.comm_s, cp_stats_.wait_s};
+    cp_stats_ = {};
+    world_.all_reduce_host(cs, 2, ReduceOp::kMax);
+    metrics_->write({{"step", step}, {"cp_comm_s", cs[0]}, {"cp_wait_s", cs[1]}});
   }
   if (tensorboard_)
     tensorboard_->add_scalars(step, {{"loss", r.loss}, {"grad_norm", r.grad_norm}, {"lr", r.lr},

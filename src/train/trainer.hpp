@@ -131,6 +131,7 @@ class Trainer {
   int zero_stage_ = 0;
   TensorParallel tp_;
   ContextParallel cp_;
+  CpStats cp_stats_;  ///< cp attention timings of the current step (cp_.stats points here)
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<GradientSync> sync_;

@@ -62,6 +62,28 @@ BOOST_AUTO_TEST_CASE(allocator_accounts_and_reuses) {
   BOOST_CHECK_THROW(t2.i32(), std::logic_error);
 }
 
+BOOST_AUTO_TEST_CASE(allocator_limit_refuses_past_it_after_releasing_the_cache) {
+  CpuDevice d(1);
+  auto* a = d.allocator();
+  a->set_limit(16000, "[training] memory_limit_gib = test");
+  { Tensor small = d.empty({1000}, DType::kF32, MemCategory::kTemporaries); }  // 4000 B, cached after
+  // 12000 B (rounded to 12288) fits only once the cached 4096 are returned to the backend.
+  Tensor big = d.empty({3000}, DType::kF32, MemCategory::kActivations);
+  BOOST_TEST(a->stats().reserved_bytes == 12288);
+  try {
+    Tensor more = d.empty({2000}, DType::kF32, MemCategory::kCommunication);
+    BOOST_FAIL("no OutOfMemory");
+  } catch (const OutOfMemory& e) {
+    const std::string w = e.what();
+    BOOST_TEST(w.find("of communication would take this rank's memory to 0.0") != std::string::npos, w);
+    BOOST_TEST(w.find("over the limit of 0.0 MiB ([training] memory_limit_gib = test); in use: activations") !=
+                   std::string::npos, w);
+  }
+  a->set_limit(0, "");
+  Tensor more = d.empty({2000}, DType::kF32, MemCategory::kCommunication);  // no cap any more
+  BOOST_TEST(a->stats().reserved_bytes > 16000);
+}
+
 BOOST_AUTO_TEST_CASE(matmul_matches_naive) {
   CpuDevice d(2);
   Tensor a = randn(d, {5, 7}, 1), b = randn(d, {3, 7}, 2), c = d.empty({5, 3}, DType::kF32, MemCategory::kTemporaries);

@@ -1,18 +1,27 @@
-// Causal grouped-query flash attention, backward (CudaDevice::attention_backward).
+// Grouped-query flash attention, backward (CudaDevice::attention_backward, the causal case; and
+// CudaDevice::attention_block_backward, one block of context-parallel attention).
 //
 // FlashAttention-2 backward (Dao 2023, Algorithm 2; the recomputation scheme of Dao et al. 2022,
 // Algorithm 4): probabilities are recomputed from q, k and the forward's lse,
 // P = exp(scale·q·kᵀ − lse), and with D_i = Σ_d dO_i·O_i (precomputed once, attn_bwd_rowdot):
 //   dV = Pᵀ·dO,  dP = dO·Vᵀ,  dS = P ∘ (dP − D),  dK = scale·dSᵀ·Q,  dQ = scale·dS·K.
-// dK/dV and dQ are separate kernels so every output element is written by exactly one block with
-// a fixed summation order — no atomics, bitwise deterministic:
+// For a block of ring attention (Liu et al. 2023) lse and O are those of the whole merged
+// attention, so P is the block's slice of the global probabilities and the per-block gradients
+// sum to the full ones; the kernels then attend every key (or, CAUSAL, the diagonal block) and
+// add into f32 gradients (ACC) instead of overwriting gradients of the activation dtype.
+// dK/dV and dQ are separate kernels so every output element is written by exactly one thread
+// with a fixed summation order — no atomics, bitwise deterministic, and the ACC
+// read-modify-write is race-free:
 //  - dK/dV: one block per (batch, kv head, key tile); it loops over the query heads of its GQA
-//    group and over the query tiles at or below the diagonal, accumulating in registers.
-//  - dQ: one block per (batch, query head, query tile), looping over the key tiles up to the
-//    diagonal (recomputing S and dP, as FlashAttention-2's "dQ in a separate pass" variant).
+//    group and over the query tiles it sees (CAUSAL: at or below the diagonal), accumulating in
+//    registers.
+//  - dQ: one block per (batch, query head, query tile), looping over the key tiles it sees
+//    (recomputing S and dP, as FlashAttention-2's "dQ in a separate pass" variant).
 // bf16 with Dh ∈ {64, 128} (16-byte aligned) runs the tensor-core kernels (mma.sync m16n8k16,
 // fp32 accumulation, P and dS kept in registers and re-packed as A operands); f32 and other head
-// dims run fp32 SIMT kernels with the same structure.
+// dims run fp32 SIMT kernels with the same structure. Template parameters: T the input dtype,
+// TG the gradients' (T, or f32 with ACC), CAUSAL the mask; CAUSAL kernels take
+// Tk = Tq (seq_q) and ignore their seq_k_arg.
 #include <cmath>
 
 #include "device/cuda/attention_common.cuh"
@@ -27,7 +36,8 @@ namespace {
 // D = rowsum(dO ∘ O)
 // ---------------------------------------------------------------------------------------------
 
-/// D[b, h, t] = Σ_d dout[b, t, h, d] · out[b, t, h, d] in f32; one warp per (b, t, h) row.
+/// D[b, h, t] = Σ_d dout[b, t, h, d] · out[b, t, h, d] in f32 (t < seq = Tq); one warp per
+/// (b, t, h) row.
 /// grid ceil(rows / 8), block 256.
 template <class T>
 __global__ void __launch_bounds__(256)
@@ -59,13 +69,16 @@ inline size_t dkdv_simt_smem(int dh) {
   return sizeof(float) * (2 * size_t(kSimtRows) * dh + 2 * size_t(kSimtCols) * (dh + 1) + 2 * kSimtCols);
 }
 
-/// grid (B·Hkv, ceil(T / 16)), block 128; warp w owns keys k0 + 4w .. k0 + 4w + 3 with dims
+/// grid (B·Hkv, ceil(Tk / 16)), block 128; warp w owns keys k0 + 4w .. k0 + 4w + 3 with dims
 /// lane + 32c in registers; queries stream 32 per tile, query q0 + j on lane j for the scores.
-template <class T, int DHP>
+template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 __global__ void __launch_bounds__(kSimtThreads, 1)
     attn_bwd_dkdv_simt(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
-                       T* __restrict__ dk, T* __restrict__ dv, int seq, int hq, int hkv, int dh, float scale) {
+                       TG* __restrict__ dk, TG* __restrict__ dv, int seq_q, int seq_k_arg, int hq, int hkv,
+                       int dh, float scale) {
+  // CAUSAL blocks are square; reading seq_q for both keeps one value live.
+  const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int R = kSimtRowsPerWarp, NC = DHP / 32;
   extern __shared__ float smem[];
   const int ld = dh + 1;
@@ -80,12 +93,12 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
   const int bkv = blockIdx.x, b = bkv / hkv, kvh = bkv % hkv, group = hq / hkv;
   const int k0 = int(blockIdx.y) * kSimtRows;  // low key tiles (most queries) launch first
   const int64_t qstride = int64_t(hq) * dh, kstride = int64_t(hkv) * dh;
-  const T* kg = k + int64_t(b) * seq * kstride + int64_t(kvh) * dh;
-  const T* vg = v + int64_t(b) * seq * kstride + int64_t(kvh) * dh;
+  const T* kg = k + int64_t(b) * seq_k * kstride + int64_t(kvh) * dh;
+  const T* vg = v + int64_t(b) * seq_k * kstride + int64_t(kvh) * dh;
 
   for (int i = tid; i < kSimtRows * dh; i += kSimtThreads) {
     const int j = i / dh, c = i - j * dh, s = k0 + j;
-    const bool ok = s < seq;
+    const bool ok = s < seq_k;
     ks[i] = ok ? to_f(kg[int64_t(s) * kstride + c]) : 0.0f;
     vs[i] = ok ? to_f(vg[int64_t(s) * kstride + c]) : 0.0f;
   }
@@ -96,26 +109,27 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
     for (int c = 0; c < NC; ++c) dka[r][c] = dva[r][c] = 0.0f;
 
-  const int qt0 = k0 / kSimtCols, n_qt = (seq + kSimtCols - 1) / kSimtCols;
+  // CAUSAL: the query tiles holding a query ≥ k0; otherwise all of them.
+  const int qt0 = CAUSAL ? k0 / kSimtCols : 0, n_qt = (seq_q + kSimtCols - 1) / kSimtCols;
   for (int hi = 0; hi < group; ++hi) {
     const int h = kvh * group + hi;
-    const T* qg = q + int64_t(b) * seq * qstride + int64_t(h) * dh;
-    const T* dog = dout + int64_t(b) * seq * qstride + int64_t(h) * dh;
-    const float* lg = lse + (int64_t(b) * hq + h) * seq;
-    const float* dg = dvec + (int64_t(b) * hq + h) * seq;
+    const T* qg = q + int64_t(b) * seq_q * qstride + int64_t(h) * dh;
+    const T* dog = dout + int64_t(b) * seq_q * qstride + int64_t(h) * dh;
+    const float* lg = lse + (int64_t(b) * hq + h) * seq_q;
+    const float* dg = dvec + (int64_t(b) * hq + h) * seq_q;
     for (int qt = qt0; qt < n_qt; ++qt) {
       const int q0 = qt * kSimtCols;
       __syncthreads();  // previous query tile consumed (and, first time, K/V staged)
       for (int i = tid; i < kSimtCols * dh; i += kSimtThreads) {
         const int j = i / dh, c = i - j * dh, t = q0 + j;
-        const bool ok = t < seq;
+        const bool ok = t < seq_q;
         qs[j * ld + c] = ok ? to_f(qg[int64_t(t) * qstride + c]) * scale : 0.0f;
         dos[j * ld + c] = ok ? to_f(dog[int64_t(t) * qstride + c]) : 0.0f;
       }
       if (tid < kSimtCols) {
         const int t = q0 + tid;
-        ls[tid] = t < seq ? lg[t] : 0.0f;
-        dd[tid] = t < seq ? dg[t] : 0.0f;
+        ls[tid] = t < seq_q ? lg[t] : 0.0f;
+        dd[tid] = t < seq_q ? dg[t] : 0.0f;
       }
       __syncthreads();
 
@@ -141,13 +155,14 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int key = k0 + warp * R + r;
-        const bool valid = query >= key && query < seq;  // implies key < T
+        // CAUSAL: implies key < T; otherwise keys ≥ Tk are computed but never stored.
+        const bool valid = (!CAUSAL || query >= key) && query < seq_q;
         p[r] = valid ? expf(sc[r] - ls[lane]) : 0.0f;
         ds[r] = p[r] * (dp[r] - dd[lane]);
       }
 
       // dV_r += Σ_j P_rj·dO_j, dK_r += Σ_j dS_rj·(scale·q_j); lane owns dims lane + 32c.
-      const int jn = min(kSimtCols, seq - q0);
+      const int jn = min(kSimtCols, seq_q - q0);
       for (int j = 0; j < jn; ++j) {
         float pj[R], sj[R];
 #pragma unroll
@@ -176,14 +191,14 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int key = k0 + warp * R + r;
-    if (key >= seq) continue;  // warp-uniform
-    const int64_t base = (int64_t(b) * seq + key) * kstride + int64_t(kvh) * dh;
+    if (key >= seq_k) continue;  // warp-uniform
+    const int64_t base = (int64_t(b) * seq_k + key) * kstride + int64_t(kvh) * dh;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int d = lane + 32 * c;
       if (d < dh) {
-        dk[base + d] = from_f<T>(dka[r][c]);
-        dv[base + d] = from_f<T>(dva[r][c]);
+        store_out<TG, ACC>(dk + base + d, dka[r][c]);
+        store_out<TG, ACC>(dv + base + d, dva[r][c]);
       }
     }
   }
@@ -195,13 +210,15 @@ inline size_t dq_simt_smem(int dh) {
   return sizeof(float) * (2 * size_t(kSimtRows) * dh + 2 * size_t(kSimtCols) * (dh + 1));
 }
 
-/// grid (B·Hq, ceil(T / 16)), block 128; warp w owns query rows q0 + 4w .. q0 + 4w + 3 (dQ dims
-/// lane + 32c in registers); keys stream 32 per tile, key k0 + j on lane j.
-template <class T, int DHP>
+/// grid (B·Hq, ceil(Tq / 16)), block 128; warp w owns query rows q0 + 4w .. q0 + 4w + 3 (dQ
+/// dims lane + 32c in registers); keys stream 32 per tile, key k0 + j on lane j.
+template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 __global__ void __launch_bounds__(kSimtThreads, 1)
     attn_bwd_dq_simt(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                      const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
-                     T* __restrict__ dq, int seq, int hq, int hkv, int dh, float scale) {
+                     TG* __restrict__ dq, int seq_q, int seq_k_arg, int hq, int hkv, int dh, float scale) {
+  // CAUSAL blocks are square; reading seq_q for both keeps one value live.
+  const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int R = kSimtRowsPerWarp, NC = DHP / 32;
   extern __shared__ float smem[];
   const int ld = dh + 1;
@@ -214,14 +231,14 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
   const int bh = blockIdx.x, b = bh / hq, h = bh % hq, kvh = h / (hq / hkv);
   const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kSimtRows;  // heaviest first
   const int64_t qstride = int64_t(hq) * dh, kstride = int64_t(hkv) * dh;
-  const T* qg = q + int64_t(b) * seq * qstride + int64_t(h) * dh;
-  const T* dog = dout + int64_t(b) * seq * qstride + int64_t(h) * dh;
-  const T* kg = k + int64_t(b) * seq * kstride + int64_t(kvh) * dh;
-  const T* vg = v + int64_t(b) * seq * kstride + int64_t(kvh) * dh;
+  const T* qg = q + int64_t(b) * seq_q * qstride + int64_t(h) * dh;
+  const T* dog = dout + int64_t(b) * seq_q * qstride + int64_t(h) * dh;
+  const T* kg = k + int64_t(b) * seq_k * kstride + int64_t(kvh) * dh;
+  const T* vg = v + int64_t(b) * seq_k * kstride + int64_t(kvh) * dh;
 
   for (int i = tid; i < kSimtRows * dh; i += kSimtThreads) {
     const int r = i / dh, c = i - r * dh, t = q0 + r;
-    const bool ok = t < seq;
+    const bool ok = t < seq_q;
     qs[i] = ok ? to_f(qg[int64_t(t) * qstride + c]) * scale : 0.0f;
     dos[i] = ok ? to_f(dog[int64_t(t) * qstride + c]) : 0.0f;
   }
@@ -229,20 +246,20 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int t = q0 + warp * R + r;
-    lr[r] = t < seq ? lse[(int64_t(b) * hq + h) * seq + t] : 0.0f;
-    dr[r] = t < seq ? dvec[(int64_t(b) * hq + h) * seq + t] : 0.0f;
+    lr[r] = t < seq_q ? lse[(int64_t(b) * hq + h) * seq_q + t] : 0.0f;
+    dr[r] = t < seq_q ? dvec[(int64_t(b) * hq + h) * seq_q + t] : 0.0f;
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
   }
 
-  const int kend = min(q0 + kSimtRows, seq);
+  const int kend = CAUSAL ? min(q0 + kSimtRows, seq_q) : seq_k;  // keys any row may attend
   const int n_kt = (kend + kSimtCols - 1) / kSimtCols;
   for (int kt = 0; kt < n_kt; ++kt) {
     const int k0 = kt * kSimtCols;
     __syncthreads();
     for (int i = tid; i < kSimtCols * dh; i += kSimtThreads) {
       const int j = i / dh, c = i - j * dh, s = k0 + j;
-      const bool ok = s < seq;
+      const bool ok = s < seq_k;
       ks[j * ld + c] = ok ? to_f(kg[int64_t(s) * kstride + c]) : 0.0f;
       vs[j * ld + c] = ok ? to_f(vg[int64_t(s) * kstride + c]) : 0.0f;
     }
@@ -269,7 +286,9 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int t = q0 + warp * R + r;
-      const bool valid = key <= t && t < seq;  // implies key < T
+      // CAUSAL: implies key < T. Otherwise keys ≥ Tk are masked explicitly: their zero rows
+      // would still get P = exp(−lse).
+      const bool valid = (CAUSAL ? key <= t : key < seq_k) && t < seq_q;
       const float p = valid ? expf(sc[r] - lr[r]) : 0.0f;
       ds[r] = p * (dp[r] - dr[r]);
     }
@@ -281,17 +300,17 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int t = q0 + warp * R + r;
-    if (t >= seq) continue;
-    T* row = dq + (int64_t(b) * seq + t) * qstride + int64_t(h) * dh;
+    if (t >= seq_q) continue;
+    TG* row = dq + (int64_t(b) * seq_q + t) * qstride + int64_t(h) * dh;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int d = lane + 32 * c;
-      if (d < dh) row[d] = from_f<T>(acc[r][c] * scale);
+      if (d < dh) store_out<TG, ACC>(row + d, acc[r][c] * scale);
     }
   }
 }
 
-template <class T, int DHP>
+template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 void launch_bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
                      const Tensor& dv, cudaStream_t stream) {
@@ -299,31 +318,34 @@ void launch_bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const T
   const auto* qp = static_cast<const T*>(q.raw());
   const auto* kp = static_cast<const T*>(k.raw());
   const auto* vp = static_cast<const T*>(v.raw());
-  const unsigned tiles = unsigned((d.t + kSimtRows - 1) / kSimtRows);
 
   const size_t smem_kv = dkdv_simt_smem(d.dh);
-  allow_dynamic_smem(attn_bwd_dkdv_simt<T, DHP>, smem_kv);
-  attn_bwd_dkdv_simt<T, DHP><<<dim3(unsigned(d.b * d.hkv), tiles), kSimtThreads, smem_kv, stream>>>(
-      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<T*>(dk.raw()), static_cast<T*>(dv.raw()), d.t, d.hq,
-      d.hkv, d.dh, scale);
+  allow_dynamic_smem(attn_bwd_dkdv_simt<T, TG, ACC, CAUSAL, DHP>, smem_kv);
+  const dim3 grid_kv(unsigned(d.b * d.hkv), unsigned((d.tk + kSimtRows - 1) / kSimtRows));
+  attn_bwd_dkdv_simt<T, TG, ACC, CAUSAL, DHP><<<grid_kv, kSimtThreads, smem_kv, stream>>>(
+      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dk.raw()), static_cast<TG*>(dv.raw()), d.tq, d.tk,
+      d.hq, d.hkv, d.dh, scale);
   MT_CUDA_LAUNCH("attn_bwd_dkdv_simt");
 
   const size_t smem_q = dq_simt_smem(d.dh);
-  allow_dynamic_smem(attn_bwd_dq_simt<T, DHP>, smem_q);
-  attn_bwd_dq_simt<T, DHP><<<dim3(unsigned(d.b * d.hq), tiles), kSimtThreads, smem_q, stream>>>(
-      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<T*>(dq.raw()), d.t, d.hq, d.hkv, d.dh, scale);
+  allow_dynamic_smem(attn_bwd_dq_simt<T, TG, ACC, CAUSAL, DHP>, smem_q);
+  const dim3 grid_q(unsigned(d.b * d.hq), unsigned((d.tq + kSimtRows - 1) / kSimtRows));
+  attn_bwd_dq_simt<T, TG, ACC, CAUSAL, DHP><<<grid_q, kSimtThreads, smem_q, stream>>>(
+      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dq.raw()), d.tq, d.tk, d.hq, d.hkv, d.dh, scale);
   MT_CUDA_LAUNCH("attn_bwd_dq_simt");
 }
 
-template <class T>
+template <class T, class TG, bool ACC, bool CAUSAL>
 void bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
               const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
               const Tensor& dv, cudaStream_t stream) {
   switch (simt_dh_cap(d.dh)) {
-    case 32: return launch_bwd_simt<T, 32>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
-    case 64: return launch_bwd_simt<T, 64>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
-    case 128: return launch_bwd_simt<T, 128>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
-    default: return launch_bwd_simt<T, 256>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    case 32: return launch_bwd_simt<T, TG, ACC, CAUSAL, 32>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    case 64: return launch_bwd_simt<T, TG, ACC, CAUSAL, 64>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    case 128:
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 128>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    default:
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 256>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
   }
 }
 
@@ -350,17 +372,19 @@ constexpr size_t dkdv_tc_smem() {
   return sizeof(bf16) * size_t(2 * kBwdBk + 4 * bq) * (DH + 8) + sizeof(float) * 4 * bq;
 }
 
-/// dK/dV for one (batch, kv head, 64-key tile); grid (B·Hkv, ceil(T / 64)), block 128, dynamic
+/// dK/dV for one (batch, kv head, 64-key tile); grid (B·Hkv, ceil(Tk / 64)), block 128, dynamic
 /// smem dkdv_tc_smem<DH>(). Warp w owns keys k0 + 16w .. k0 + 16w + 15, so every product is
 /// computed "key-major" (M = keys): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q with
 /// Pᵀ, dSᵀ re-packed from accumulators — no transposes through shared memory. The (query head,
 /// query tile) pairs of the GQA group are one flat, double-buffered cp.async stream.
-template <int DH>
+template <int DH, class TG, bool ACC, bool CAUSAL>
 __global__ void __launch_bounds__(kTcThreads)
     attn_bwd_dkdv_tc(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
-                     bf16* __restrict__ dk, bf16* __restrict__ dv, int seq, int hq, int hkv, float scale,
-                     float scale_log2) {
+                     TG* __restrict__ dk, TG* __restrict__ dv, int seq_q, int seq_k_arg, int hq, int hkv,
+                     float scale, float scale_log2) {
+  // CAUSAL blocks are square; reading seq_q for both keeps one value live.
+  const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int BQ = dkdv_bq<DH>(), LD = DH + 8, KS = DH / 16, NB = BQ / 8, ND = DH / 8;
   // With DH = 64 the warp's K and V A-fragments (2 x 16 registers) stay in registers for the
   // whole kernel; with DH = 128 they would not fit next to the accumulators and are re-read
@@ -378,30 +402,32 @@ __global__ void __launch_bounds__(kTcThreads)
   const int bkv = blockIdx.x, b = bkv / hkv, kvh = bkv % hkv, group = hq / hkv;
   const int k0 = int(blockIdx.y) * kBwdBk;  // low key tiles (most query tiles) launch first
   const int64_t qstride = int64_t(hq) * DH, kstride = int64_t(hkv) * DH;
-  const bf16* kg = k + int64_t(b) * seq * kstride + int64_t(kvh) * DH;
-  const bf16* vg = v + int64_t(b) * seq * kstride + int64_t(kvh) * DH;
+  const bf16* kg = k + int64_t(b) * seq_k * kstride + int64_t(kvh) * DH;
+  const bf16* vg = v + int64_t(b) * seq_k * kstride + int64_t(kvh) * DH;
 
-  // Query tiles qt0 .. n_qt-1 of each head hold every query ≥ k0 (the causal ones).
-  const int qt0 = k0 / BQ, n_qt = (seq + BQ - 1) / BQ, per_head = n_qt - qt0, n_it = group * per_head;
+  // Query tiles qt0 .. n_qt-1 of each head: CAUSAL, those holding every query ≥ k0 (the causal
+  // ones); otherwise all of them.
+  const int qt0 = CAUSAL ? k0 / BQ : 0, n_qt = (seq_q + BQ - 1) / BQ, per_head = n_qt - qt0,
+            n_it = group * per_head;
 
   // Issues the loads of step `it` (query head kvh·group + it / per_head, tile qt0 + it % per_head)
-  // into buffer `buf`. Rows ≥ T read as zero (and lse = D = 0), masked below.
+  // into buffer `buf`. Rows ≥ Tq read as zero (and lse = D = 0), masked below.
   auto load_step = [&](int it, int buf) {
     const int h = kvh * group + it / per_head, qrow0 = (qt0 + it % per_head) * BQ;
-    const int64_t head_off = int64_t(b) * seq * qstride + int64_t(h) * DH;
-    load_tile_async<BQ, DH>(qs + buf * BQ * LD, q + head_off, qstride, qrow0, seq);
-    load_tile_async<BQ, DH>(dos + buf * BQ * LD, dout + head_off, qstride, qrow0, seq);
-    const int64_t stat_off = (int64_t(b) * hq + h) * seq;
+    const int64_t head_off = int64_t(b) * seq_q * qstride + int64_t(h) * DH;
+    load_tile_async<BQ, DH>(qs + buf * BQ * LD, q + head_off, qstride, qrow0, seq_q);
+    load_tile_async<BQ, DH>(dos + buf * BQ * LD, dout + head_off, qstride, qrow0, seq_q);
+    const int64_t stat_off = (int64_t(b) * hq + h) * seq_q;
     if (tid < 2 * BQ) {
       const int i = tid % BQ, t = qrow0 + i;
-      const bool ok = t < seq;
+      const bool ok = t < seq_q;
       const float* src = (tid < BQ ? lse : dvec) + stat_off + (ok ? t : 0);
       cp_async_4((tid < BQ ? ls : dd) + buf * BQ + i, src, ok);
     }
   };
 
-  load_tile_async<kBwdBk, DH>(ks, kg, kstride, k0, seq);
-  load_tile_async<kBwdBk, DH>(vs, vg, kstride, k0, seq);
+  load_tile_async<kBwdBk, DH>(ks, kg, kstride, k0, seq_k);
+  load_tile_async<kBwdBk, DH>(vs, vg, kstride, k0, seq_k);
   load_step(0, 0);
   cp_async_commit();
 
@@ -438,10 +464,11 @@ __global__ void __launch_bounds__(kTcThreads)
     float st[NB][4], dpt[NB][4];
     mma_pair<NB, KS, kKeepKV>(st, dpt, kreg, vreg, ks, vs, warp * 16, qb, dob, LD, lane);
 
-    // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), zero where query < key (causal) or query ≥ T (tile
-    // padding, whose zero rows must not contribute); dSᵀ = Pᵀ ∘ (dPᵀ − D). Only tiles crossing
-    // the diagonal or the end of the sequence need the mask.
-    const bool need_mask = q0 < k0 + kBwdBk || q0 + BQ > seq;
+    // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), zero where query < key (CAUSAL) or query ≥ Tq
+    // (tile padding, whose zero rows must not contribute); dSᵀ = Pᵀ ∘ (dPᵀ − D). Only tiles
+    // crossing the diagonal or the end of the queries need the mask. Keys ≥ Tk (padding of the
+    // key tile) get rows of garbage that are never stored.
+    const bool need_mask = (CAUSAL && q0 < k0 + kBwdBk) || q0 + BQ > seq_q;
 #pragma unroll
     for (int i = 0; i < NB; ++i)
 #pragma unroll
@@ -450,7 +477,7 @@ __global__ void __launch_bounds__(kTcThreads)
         float p = exp2f(fmaf(st[i][e], scale_log2, -lb[col] * kLog2e));
         if (need_mask) {
           const int key = k0 + warp * 16 + (lane >> 2) + ((e >> 1) << 3), query = q0 + col;
-          if (query < key || query >= seq) p = 0.0f;
+          if ((CAUSAL && query < key) || query >= seq_q) p = 0.0f;
         }
         st[i][e] = p;
         dpt[i][e] = p * (dpt[i][e] - db[col]);
@@ -479,12 +506,12 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int key = k0 + warp * 16 + (lane >> 2) + rr * 8;
-    if (key >= seq) continue;
-    const int64_t off = (int64_t(b) * seq + key) * kstride + int64_t(kvh) * DH + ((lane & 3) << 1);
+    if (key >= seq_k) continue;
+    const int64_t off = (int64_t(b) * seq_k + key) * kstride + int64_t(kvh) * DH + ((lane & 3) << 1);
 #pragma unroll
     for (int i = 0; i < ND; ++i) {
-      *reinterpret_cast<uint32_t*>(dk + off + i * 8) = pack_bf16(dka[i][2 * rr] * scale, dka[i][2 * rr + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + off + i * 8) = pack_bf16(dva[i][2 * rr], dva[i][2 * rr + 1]);
+      store_out2<TG, ACC>(dk + off + i * 8, dka[i][2 * rr] * scale, dka[i][2 * rr + 1] * scale);
+      store_out2<TG, ACC>(dv + off + i * 8, dva[i][2 * rr], dva[i][2 * rr + 1]);
     }
   }
 }
@@ -496,14 +523,17 @@ constexpr size_t dq_tc_smem() {
   return sizeof(bf16) * size_t(2 * kTcRows + 4 * dq_bk<DH>()) * (DH + 8);
 }
 
-/// dQ for one (batch, query head, 64-query tile); grid (B·Hq, ceil(T / 64)), block 128 (warp w
+/// dQ for one (batch, query head, 64-query tile); grid (B·Hq, ceil(Tq / 64)), block 128 (warp w
 /// owns query rows q0 + 16w ..), dynamic smem dq_tc_smem<DH>(). Per key tile: S = Q·Kᵀ,
 /// dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K (K as a [k][n] tile → .trans).
-template <int DH>
+template <int DH, class TG, bool ACC, bool CAUSAL>
 __global__ void __launch_bounds__(kTcThreads)
     attn_bwd_dq_tc(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                    const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
-                   bf16* __restrict__ dq, int seq, int hq, int hkv, float scale, float scale_log2) {
+                   TG* __restrict__ dq, int seq_q, int seq_k_arg, int hq, int hkv, float scale,
+                   float scale_log2) {
+  // CAUSAL blocks are square; reading seq_q for both keeps one value live.
+  const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int BK = dq_bk<DH>(), LD = DH + 8, KS = DH / 16, NB = BK / 8, ND = DH / 8;
   constexpr bool kKeepQ = DH <= 64;  // Q and dO A-fragments in registers (see attn_bwd_dkdv_tc)
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -516,29 +546,30 @@ __global__ void __launch_bounds__(kTcThreads)
   const int bh = blockIdx.x, b = bh / hq, h = bh % hq, kvh = h / (hq / hkv);
   const int q0 = (int(gridDim.y) - 1 - int(blockIdx.y)) * kTcRows;  // heaviest first
   const int64_t qstride = int64_t(hq) * DH, kstride = int64_t(hkv) * DH;
-  const int64_t head_off = int64_t(b) * seq * qstride + int64_t(h) * DH;
-  const bf16* kg = k + int64_t(b) * seq * kstride + int64_t(kvh) * DH;
-  const bf16* vg = v + int64_t(b) * seq * kstride + int64_t(kvh) * DH;
+  const int64_t head_off = int64_t(b) * seq_q * qstride + int64_t(h) * DH;
+  const bf16* kg = k + int64_t(b) * seq_k * kstride + int64_t(kvh) * DH;
+  const bf16* vg = v + int64_t(b) * seq_k * kstride + int64_t(kvh) * DH;
 
-  // Key tiles holding keys < min(q0 + 64, T); the last one always reaches past q0, so it (and
-  // any other tile with k0 + BK > q0) is masked.
-  const int kend = min(q0 + kTcRows, seq), n_kt = (kend + BK - 1) / BK;
+  // CAUSAL: key tiles holding keys < min(q0 + 64, T); the last one always reaches past q0, so
+  // it (and any other tile with k0 + BK > q0) is masked. Otherwise every key tile; a partial
+  // last one is masked.
+  const int kend = CAUSAL ? min(q0 + kTcRows, seq_q) : seq_k, n_kt = (kend + BK - 1) / BK;
 
-  load_tile_async<kTcRows, DH>(qs, q + head_off, qstride, q0, seq);
-  load_tile_async<kTcRows, DH>(dos, dout + head_off, qstride, q0, seq);
-  load_tile_async<BK, DH>(ks, kg, kstride, 0, seq);
-  load_tile_async<BK, DH>(vs, vg, kstride, 0, seq);
+  load_tile_async<kTcRows, DH>(qs, q + head_off, qstride, q0, seq_q);
+  load_tile_async<kTcRows, DH>(dos, dout + head_off, qstride, q0, seq_q);
+  load_tile_async<BK, DH>(ks, kg, kstride, 0, seq_k);
+  load_tile_async<BK, DH>(vs, vg, kstride, 0, seq_k);
   cp_async_commit();
 
-  // This thread's rows g and g + 8 of the warp: lse in base-2 units and D (0 past T: those
+  // This thread's rows g and g + 8 of the warp: lse in base-2 units and D (0 past Tq: those
   // rows' Q and dO are zero, so everything stays finite, and they are never stored).
   float l2[2], dr[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int t = q0 + warp * 16 + (lane >> 2) + rr * 8;
-    const int64_t si = (int64_t(b) * hq + h) * seq + t;
-    l2[rr] = t < seq ? lse[si] * kLog2e : 0.0f;
-    dr[rr] = t < seq ? dvec[si] : 0.0f;
+    const int64_t si = (int64_t(b) * hq + h) * seq_q + t;
+    l2[rr] = t < seq_q ? lse[si] * kLog2e : 0.0f;
+    dr[rr] = t < seq_q ? dvec[si] : 0.0f;
   }
 
   float acc[ND][4];
@@ -549,8 +580,8 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
-      load_tile_async<BK, DH>(ks + (buf ^ 1) * BK * LD, kg, kstride, (kt + 1) * BK, seq);
-      load_tile_async<BK, DH>(vs + (buf ^ 1) * BK * LD, vg, kstride, (kt + 1) * BK, seq);
+      load_tile_async<BK, DH>(ks + (buf ^ 1) * BK * LD, kg, kstride, (kt + 1) * BK, seq_k);
+      load_tile_async<BK, DH>(vs + (buf ^ 1) * BK * LD, vg, kstride, (kt + 1) * BK, seq_k);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -572,7 +603,9 @@ __global__ void __launch_bounds__(kTcThreads)
     float sacc[NB][4], dpa[NB][4];
     mma_pair<NB, KS, kKeepQ>(sacc, dpa, qreg, doreg, qs, dos, warp * 16, kb, vb, LD, lane);
 
-    const bool need_mask = k0 + BK > q0;
+    // Without CAUSAL the zero-filled keys ≥ Tk must be masked too: their P = exp(−lse) is not
+    // zero (and may overflow, and inf · 0 = NaN in dS·K).
+    const bool need_mask = CAUSAL ? k0 + BK > q0 : k0 + BK > seq_k;
 #pragma unroll
     for (int i = 0; i < NB; ++i)
 #pragma unroll
@@ -582,7 +615,7 @@ __global__ void __launch_bounds__(kTcThreads)
         if (need_mask) {
           const int row = q0 + warp * 16 + (lane >> 2) + rr * 8;
           const int key = k0 + i * 8 + ((lane & 3) << 1) + (e & 1);
-          if (key > row) p = 0.0f;  // also covers keys ≥ T for rows < T
+          if (CAUSAL ? key > row : key >= seq_k) p = 0.0f;  // CAUSAL: also keys ≥ T for rows < T
         }
         sacc[i][e] = p * (dpa[i][e] - dr[rr]);  // dS
       }
@@ -605,15 +638,14 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int t = q0 + warp * 16 + (lane >> 2) + rr * 8;
-    if (t >= seq) continue;
-    bf16* row = dq + (int64_t(b) * seq + t) * qstride + int64_t(h) * DH + ((lane & 3) << 1);
+    if (t >= seq_q) continue;
+    TG* row = dq + (int64_t(b) * seq_q + t) * qstride + int64_t(h) * DH + ((lane & 3) << 1);
 #pragma unroll
-    for (int i = 0; i < ND; ++i)
-      *reinterpret_cast<uint32_t*>(row + i * 8) = pack_bf16(acc[i][2 * rr] * scale, acc[i][2 * rr + 1] * scale);
+    for (int i = 0; i < ND; ++i) store_out2<TG, ACC>(row + i * 8, acc[i][2 * rr] * scale, acc[i][2 * rr + 1] * scale);
   }
 }
 
-template <int DH>
+template <int DH, class TG, bool ACC, bool CAUSAL>
 void launch_bwd_tc(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv, cudaStream_t stream) {
@@ -623,20 +655,51 @@ void launch_bwd_tc(const Dims& d, const Tensor& dout, const Tensor& q, const Ten
   const auto* vp = static_cast<const bf16*>(v.raw());
 
   constexpr size_t smem_kv = dkdv_tc_smem<DH>();
-  allow_dynamic_smem(attn_bwd_dkdv_tc<DH>, smem_kv);
-  const dim3 grid_kv(unsigned(d.b * d.hkv), unsigned((d.t + kBwdBk - 1) / kBwdBk));
-  attn_bwd_dkdv_tc<DH><<<grid_kv, kTcThreads, smem_kv, stream>>>(
-      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<bf16*>(dk.raw()), static_cast<bf16*>(dv.raw()), d.t,
+  allow_dynamic_smem(attn_bwd_dkdv_tc<DH, TG, ACC, CAUSAL>, smem_kv);
+  const dim3 grid_kv(unsigned(d.b * d.hkv), unsigned((d.tk + kBwdBk - 1) / kBwdBk));
+  attn_bwd_dkdv_tc<DH, TG, ACC, CAUSAL><<<grid_kv, kTcThreads, smem_kv, stream>>>(
+      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dk.raw()), static_cast<TG*>(dv.raw()), d.tq, d.tk,
       d.hq, d.hkv, scale, scale * kLog2e);
   MT_CUDA_LAUNCH("attn_bwd_dkdv_tc");
 
   constexpr size_t smem_q = dq_tc_smem<DH>();
-  allow_dynamic_smem(attn_bwd_dq_tc<DH>, smem_q);
-  const dim3 grid_q(unsigned(d.b * d.hq), unsigned((d.t + kTcRows - 1) / kTcRows));
-  attn_bwd_dq_tc<DH><<<grid_q, kTcThreads, smem_q, stream>>>(dop, qp, kp, vp, lse.f32(), dvec.f32(),
-                                                             static_cast<bf16*>(dq.raw()), d.t, d.hq, d.hkv,
-                                                             scale, scale * kLog2e);
+  allow_dynamic_smem(attn_bwd_dq_tc<DH, TG, ACC, CAUSAL>, smem_q);
+  const dim3 grid_q(unsigned(d.b * d.hq), unsigned((d.tq + kTcRows - 1) / kTcRows));
+  attn_bwd_dq_tc<DH, TG, ACC, CAUSAL><<<grid_q, kTcThreads, smem_q, stream>>>(
+      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dq.raw()), d.tq, d.tk, d.hq, d.hkv, scale,
+      scale * kLog2e);
   MT_CUDA_LAUNCH("attn_bwd_dq_tc");
+}
+
+/// Runs the backward of one checked call (d.tq ≥ 1, d.tk ≥ 1) after D = rowsum(dout ∘ out):
+/// D into an f32 temporary [B, Hq, Tq], then the dK/dV and dQ kernels (tensor cores for bf16
+/// with Dh 64 or 128 and 16-byte aligned data, fp32 SIMT otherwise). ACC: the gradients are
+/// f32 and accumulated; else they have q's dtype and are overwritten.
+template <bool ACC, bool CAUSAL>
+void backward(Allocator* alloc, const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k,
+              const Tensor& v, const Tensor& out, const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
+              const Tensor& dv, cudaStream_t stream) {
+  Tensor dvec = Tensor::empty(alloc, {q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, MemCategory::kTemporaries);
+  const int64_t rows = int64_t(d.b) * d.tq * d.hq;
+  MT_DISPATCH_FLOAT(q.dtype(), T, {
+    attn_bwd_rowdot<T><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(
+        static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()), dvec.f32(), rows, d.tq, d.hq, d.dh);
+    MT_CUDA_LAUNCH("attn_bwd_rowdot");
+  });
+
+  bool tc = q.dtype() == DType::kBF16 && (d.dh == 64 || d.dh == 128);
+  for (const Tensor* t : {&dout, &q, &k, &v, &dq, &dk, &dv}) tc = tc && aligned16(*t);
+  if (tc) {
+    using TG = std::conditional_t<ACC, float, bf16>;
+    if (d.dh == 64)
+      launch_bwd_tc<64, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    else
+      launch_bwd_tc<128, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    return;
+  }
+  MT_DISPATCH_FLOAT(q.dtype(), T,
+                    (bwd_simt<T, std::conditional_t<ACC, float, T>, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale,
+                                                                                 dq, dk, dv, stream)));
 }
 
 }  // namespace
@@ -664,26 +727,40 @@ void CudaDevice::attention_backward(const Tensor& dout, const Tensor& q, const T
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv}) cuda::require_same(q, *t, kFn);
   cuda::require_dtype(lse, DType::kF32, kFn, "lse");
-  if (d.b == 0 || d.t == 0) return;
+  if (d.b == 0 || d.tq == 0) return;
+  backward<false, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
+}
 
-  Tensor dvec = Tensor::empty(allocator(), {q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, MemCategory::kTemporaries);
-  const int64_t rows = int64_t(d.b) * d.t * d.hq;
-  MT_DISPATCH_FLOAT(q.dtype(), T, {
-    attn_bwd_rowdot<T><<<unsigned((rows + 7) / 8), 256, 0, compute_>>>(
-        static_cast<const T*>(dout.raw()), static_cast<const T*>(out.raw()), dvec.f32(), rows, d.t, d.hq, d.dh);
-    MT_CUDA_LAUNCH("attn_bwd_rowdot");
-  });
-
-  bool tc = q.dtype() == DType::kBF16 && (d.dh == 64 || d.dh == 128);
-  for (const Tensor* t : {&dout, &q, &k, &v, &dq, &dk, &dv}) tc = tc && aligned16(*t);
-  if (tc) {
-    if (d.dh == 64)
-      launch_bwd_tc<64>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, compute_);
-    else
-      launch_bwd_tc<128>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, compute_);
-    return;
-  }
-  MT_DISPATCH_FLOAT(q.dtype(), T, bwd_simt<T>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, compute_));
+/// Backward of one block of context-parallel attention (Device::attention_block_backward) with
+/// the merged forward's out and lse: the kernels of attention_backward, causal or unmasked,
+/// adding into f32 gradients. Deterministic (no atomics: every gradient element has one writer).
+/// @throws std::invalid_argument on inconsistent shapes (attn::check_block_qkv; dout, out, dq
+///         like q; dk, dv like k; lse [B, Hq, Tq]) or dtypes (q, k, v, dout, out share f32 or
+///         bf16; lse, dq, dk, dv f32).
+void CudaDevice::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                          AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
+                                          const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  using namespace cuda::attn;
+  static constexpr const char* kFn = "attention_block_backward";
+  const Dims d = check_block_qkv(kFn, q, k, v, mask);
+  require_shape(kFn, "dout", dout, q.shape());
+  require_shape(kFn, "out", out, q.shape());
+  require_shape(kFn, "dq", dq, q.shape());
+  require_shape(kFn, "dk", dk, k.shape());
+  require_shape(kFn, "dv", dv, k.shape());
+  require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
+  cuda::require_float(q, kFn, "q");
+  for (const Tensor* t : {&k, &v, &out, &dout}) cuda::require_same(q, *t, kFn);
+  cuda::require_dtype(lse, DType::kF32, kFn, "lse");
+  cuda::require_dtype(dq, DType::kF32, kFn, "dq");
+  cuda::require_dtype(dk, DType::kF32, kFn, "dk");
+  cuda::require_dtype(dv, DType::kF32, kFn, "dv");
+  // No query or no key: every gradient term is an empty sum, so there is nothing to add.
+  if (d.b == 0 || d.tq == 0 || d.tk == 0) return;
+  if (mask == AttentionMask::kCausal)
+    backward<true, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
+  else
+    backward<true, false>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
 }
 
 }  // namespace meshtrain

@@ -1,15 +1,17 @@
 #pragma once
-/// @file Shared pieces of the causal grouped-query flash-attention kernels (attention_fwd.cu,
-/// attention_bwd.cu): host-side argument checks, the tile constants, and the register-level
-/// tensor-core helpers (cp.async, ldmatrix, mma.sync m16n8k16 bf16) used by the FlashAttention-2
-/// kernels (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism and Work
-/// Partitioning", Algorithms 1 and 2). Fragment layouts follow the PTX ISA sections
-/// "Matrix Fragments for mma.m16n8k16" and "ldmatrix".
+/// @file Shared pieces of the grouped-query flash-attention kernels (attention_fwd.cu,
+/// attention_bwd.cu): host-side argument checks, the tile constants, and the
+/// register-level tensor-core helpers (cp.async, ldmatrix, mma.sync m16n8k16 bf16) used by the
+/// FlashAttention-2 kernels (Dao 2023, "FlashAttention-2: Faster Attention with Better
+/// Parallelism and Work Partitioning", Algorithms 1 and 2). Fragment layouts follow the PTX ISA
+/// sections "Matrix Fragments for mma.m16n8k16" and "ldmatrix".
 ///
-/// Conventions of every kernel: q [B, T, Hq, Dh], k, v [B, T, Hkv, Dh], out / dout / dq like q,
-/// dk / dv like k (row-major, so row t of head h starts at (b·T + t)·H·Dh + h·Dh), lse and the
-/// backward's D = rowsum(dO ∘ O) f32 [B, Hq, T]. Query head h reads kv head h / (Hq / Hkv);
-/// query t attends keys s ≤ t.
+/// Conventions of every kernel: q [B, Tq, Hq, Dh], k, v [B, Tk, Hkv, Dh], out / dout / dq like
+/// q, dk / dv like k (row-major, so row t of head h starts at (b·T + t)·H·Dh + h·Dh), lse and the
+/// backward's D = rowsum(dO ∘ O) f32 [B, Hq, Tq]. Query head h reads kv head h / (Hq / Hkv).
+/// CAUSAL kernels (Device::attention_forward / _backward, and the diagonal block of
+/// attention_block_*) have Tq == Tk and query t attends keys s ≤ t; the others (a key block
+/// wholly before the query block, Liu et al. 2023, Ring Attention) attend every key.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,8 +19,10 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "device/cuda/kernel_common.cuh"
+#include "device/device.hpp"
 
 namespace meshtrain::cuda::attn {
 
@@ -43,22 +47,24 @@ constexpr int kSimtMaxDh = 256;
 constexpr int kTcThreads = 128;
 constexpr int kTcRows = 64;
 
-/// Sizes of one attention call, as ints (checked to fit).
+/// Sizes of one attention call, as ints (checked to fit): tq queries and tk keys per sequence.
 struct Dims {
-  int b, t, hq, hkv, dh;
+  int b, tq, tk, hq, hkv, dh;
 };
 
-/// Checks q [B, T, Hq, Dh], k and v [B, T, Hkv, Dh] of one attention call named `fn` and
-/// returns the sizes. @throws std::invalid_argument unless they are 4-D and consistent, Hq is a
-/// positive multiple of Hkv, Dh is even and in [2, 256], and T fits the launch grid.
-inline Dims check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v) {
+/// Checks q [B, Tq, Hq, Dh], k and v [B, Tk, Hkv, Dh] of one attention call named `fn` and
+/// returns the sizes; `same_t` requires Tk == Tq (the causal kernels). @throws
+/// std::invalid_argument unless they are 4-D and consistent, Hq is a positive multiple of Hkv,
+/// Dh is even and in [2, 256], and Tq, Tk fit the launch grid.
+inline Dims check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, bool same_t = true) {
   const std::string shapes =
       " (q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " + shape_str(v.shape()) + ")";
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument(std::string(fn) + ": q, k, v must be 4-D [B, T, H, Dh]" + shapes);
-  if (k.shape() != v.shape() || k.dim(0) != q.dim(0) || k.dim(1) != q.dim(1) || k.dim(3) != q.dim(3))
-    throw std::invalid_argument(std::string(fn) + ": k and v must be [B, T, Hkv, Dh] matching q" + shapes);
-  const int64_t hq = q.dim(2), hkv = k.dim(2), dh = q.dim(3), t = q.dim(1), b = q.dim(0);
+  if (k.shape() != v.shape() || k.dim(0) != q.dim(0) || k.dim(3) != q.dim(3) || (same_t && k.dim(1) != q.dim(1)))
+    throw std::invalid_argument(std::string(fn) + ": k and v must be [B, " + (same_t ? "T" : "Tk") +
+                                ", Hkv, Dh] matching q" + shapes);
+  const int64_t hq = q.dim(2), hkv = k.dim(2), dh = q.dim(3), tq = q.dim(1), tk = k.dim(1), b = q.dim(0);
   if (hq < 1 || hkv < 1 || hq % hkv != 0)
     throw std::invalid_argument(std::string(fn) + ": query heads Hq must be a positive multiple of kv heads Hkv" +
                                 shapes);
@@ -67,9 +73,20 @@ inline Dims check_qkv(const char* fn, const Tensor& q, const Tensor& k, const Te
                                 std::to_string(kSimtMaxDh) + "]" + shapes);
   // Query / key tiles index grid.y (≤ 65535 blocks of the smallest tile, 16 rows); batch × heads
   // index grid.x.
-  if (t > int64_t(65535) * kSimtRows || b * hq > INT_MAX)
+  if (tq > int64_t(65535) * kSimtRows || tk > int64_t(65535) * kSimtRows || b * hq > INT_MAX)
     throw std::invalid_argument(std::string(fn) + ": sequence or batch too large for the launch grid" + shapes);
-  return Dims{int(b), int(t), int(hq), int(hkv), int(dh)};
+  return Dims{int(b), int(tq), int(tk), int(hq), int(hkv), int(dh)};
+}
+
+/// check_qkv for one block of Device::attention_block_forward / _backward: any Tk with
+/// kNone, Tk == Tq with kCausal (the diagonal block). @throws std::invalid_argument as
+/// check_qkv, and for kCausal with Tq != Tk.
+inline Dims check_block_qkv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask) {
+  const Dims d = check_qkv(fn, q, k, v, false);
+  if (mask == AttentionMask::kCausal && d.tq != d.tk)
+    throw std::invalid_argument(std::string(fn) + ": mask kCausal (the diagonal block) needs Tq == Tk (q " +
+                                shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ")");
+  return d;
 }
 
 /// @throws std::invalid_argument unless t has shape s.
@@ -176,6 +193,37 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+/// Writes one output element: converted to TO, or, when ACC, added to the f32 value already
+/// there (the block backward accumulates into f32 gradients). Every element has exactly one
+/// writing thread in every kernel, so the read-modify-write needs no atomics and is
+/// deterministic.
+template <class TO, bool ACC>
+__device__ __forceinline__ void store_out(TO* p, float v) {
+  static_assert(!ACC || std::is_same_v<TO, float>, "accumulated outputs are f32");
+  if constexpr (ACC)
+    *p += v;
+  else
+    *p = from_f<TO>(v);
+}
+
+/// store_out for two adjacent elements (a fragment's column pair): one bf16x2 or float2 access,
+/// so p must be 4-byte (bf16) or 8-byte (f32) aligned.
+template <class TO, bool ACC>
+__device__ __forceinline__ void store_out2(TO* p, float lo, float hi) {
+  static_assert(!ACC || std::is_same_v<TO, float>, "accumulated outputs are f32");
+  if constexpr (std::is_same_v<TO, float>) {
+    float2* p2 = reinterpret_cast<float2*>(p);
+    if constexpr (ACC) {
+      const float2 old = *p2;
+      lo += old.x;
+      hi += old.y;
+    }
+    *p2 = make_float2(lo, hi);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = pack_bf16(lo, hi);
+  }
 }
 
 /// The A fragment (16 rows x 16 k) for k-step kk of a 16-row block held as m16n8 accumulators

@@ -112,6 +112,23 @@ class CudaDevice final : public Device {
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv) override;
+  /// The kernels of attention_forward (FlashAttention-2, Dao 2023; tensor cores for bf16 with
+  /// Dh 64 or 128 and 16-byte aligned data) on one ring-attention block, unmasked or causal:
+  /// q, k, v f32 or bf16 (one dtype); out and lse f32. @throws std::invalid_argument as
+  /// Device::attention_block_forward (also for Dh odd or outside [2, 256]).
+  void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+                               const Tensor& out, const Tensor& lse, float scale) override;
+  /// One warp per (b, t, h) row; out, lse, out_b, lse_b f32. A row whose lse_b is −inf is left
+  /// unchanged (also when lse is −inf too, as on the CPU). @throws std::invalid_argument as
+  /// Device::attention_merge.
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override;
+  /// The kernels of attention_backward adding into f32 gradients, deterministic (no atomics):
+  /// dout, q, k, v, out f32 or bf16 (one dtype); lse, dq, dk, dv f32. The caller's lse must be
+  /// finite on every query row (it is the merged lse, which includes the row's own key).
+  /// @throws std::invalid_argument as Device::attention_block_backward.
+  void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
                        const Tensor& db) override;

@@ -39,6 +39,17 @@ CpRotate cp_rotate_from_name(const std::string& name);
 CpBalancer cp_balancer_from_name(const std::string& name);
 const char* cp_rotate_name(CpRotate r);
 
+/// Time the cp group's transfers took and how much of it a rank spent blocked (seconds,
+/// accumulated until the trainer takes them). A transfer's span runs from its post to the first
+/// moment its completion is seen: polled between the blocks it overlaps (so the span can exceed
+/// the transfer by up to one block) or at the wait. Communication hidden behind computation is
+/// then 1 − wait_s / comm_s. Collectives waited for at once (all-gather, all-to-all) count fully
+/// in both.
+struct CpStats {
+  double comm_s = 0;  ///< Σ transfer spans
+  double wait_s = 0;  ///< Σ time blocked waiting for them
+};
+
 /// The context-parallel context of one rank. With size == 1 the sequence is whole and comm may
 /// be null.
 struct ContextParallel {
@@ -46,6 +57,7 @@ struct ContextParallel {
   int64_t size = 1, rank = 0;
   CpRotate rotate = CpRotate::kAllGather;
   CpBalancer balancer = CpBalancer::kHeadTail;
+  CpStats* stats = nullptr;  ///< where cp_attention accumulates its timings (null: not kept)
   bool active() const { return size > 1; }
 };
 

@@ -1,5 +1,7 @@
 #include "parallel/context/cp_attention.hpp"
 
+#include <chrono>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -41,6 +43,49 @@ Tensor pack_kv(Device& dev, const Tensor& k, const Tensor& v) {
   return kv;
 }
 
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+/// Transfers posted together and overlapped with block computation. poll() between blocks
+/// drives MPI's progress (a rendezvous transfer moves only inside MPI calls) and notes when they
+/// completed; finish() waits and adds their span and the wait to the cp group's statistics.
+class InFlight {
+ public:
+  InFlight() = default;
+  explicit InFlight(std::vector<std::unique_ptr<Work>> works) : works_(std::move(works)), posted_(Clock::now()) {}
+  void poll() {
+    if (works_.empty() || done_) return;
+    for (auto& w : works_)
+      if (!w->test()) return;
+    done_ = true;
+    completed_ = Clock::now();
+  }
+  void finish(CpStats* stats) {
+    if (works_.empty()) return;
+    const auto t0 = Clock::now();
+    for (auto& w : works_) w->wait();
+    const auto t1 = Clock::now();
+    if (stats) {
+      stats->wait_s += seconds(t0, t1);
+      stats->comm_s += seconds(posted_, done_ ? completed_ : t1);
+    }
+    works_.clear();
+    done_ = false;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Work>> works_;
+  Clock::time_point posted_, completed_;
+  bool done_ = false;
+};
+
+/// Waits for a collective posted just now (nothing to overlap it with): all of it is exposed.
+void wait_now(std::unique_ptr<Work> work, CpStats* stats) {
+  std::vector<std::unique_ptr<Work>> w;
+  w.push_back(std::move(work));
+  InFlight(std::move(w)).finish(stats);
+}
+
 /// The mask of local query chunk gq against key chunk gk, or nothing to compute (gk > gq).
 bool block_mask(int64_t gq, int64_t gk, AttentionMask* mask) {
   if (gk > gq) return false;
@@ -56,7 +101,7 @@ struct Partial {
 /// Forward of this rank's query chunks against the K/V `kv` ([2, chunks·B·C·Hkv·Dh]) of the cp
 /// rank whose global chunks are `kv_chunks`, merged into `acc`.
 void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& kv,
-                    const std::vector<int64_t>& kv_chunks, float scale, Partial& acc) {
+                    const std::vector<int64_t>& kv_chunks, float scale, Partial& acc, InFlight* overlapped) {
   for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
     for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
       AttentionMask mask;
@@ -67,13 +112,14 @@ void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, con
       dev.attention_block_forward(qv, kt, vt, mask, acc.out_b, acc.lse_b, scale);
       dev.attention_merge(acc.out.view({z.b, z.c, z.hq, z.dh}, int64_t(qc) * z.q_chunk()),
                           acc.lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c), acc.out_b, acc.lse_b);
+      if (overlapped) overlapped->poll();
     }
 }
 
 /// Backward counterpart: dq f32 like q; dkv f32 [2, chunks·B·C·Hkv·Dh], the gradients of `kv`.
 void backward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& out,
                      const Tensor& lse, const Tensor& dout, const Tensor& kv, const std::vector<int64_t>& kv_chunks,
-                     float scale, const Tensor& dq, const Tensor& dkv) {
+                     float scale, const Tensor& dq, const Tensor& dkv, std::initializer_list<InFlight*> overlapped) {
   for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
     for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
       AttentionMask mask;
@@ -83,6 +129,7 @@ void backward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, co
       dev.attention_block_backward(dout.view(qs, qo), q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask,
                                    out.view(qs, qo), lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c),
                                    scale, dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko));
+      for (InFlight* f : overlapped) f->poll();
     }
 }
 
@@ -101,10 +148,6 @@ std::vector<int64_t> chunks_of(const ContextParallel& cp, const SequenceShard& s
 int64_t next_rank(const ContextParallel& cp) { return (cp.rank + 1) % cp.size; }
 int64_t prev_rank(const ContextParallel& cp) { return (cp.rank + cp.size - 1) % cp.size; }
 
-void wait_all(std::vector<std::unique_ptr<Work>>& works) {
-  for (auto& w : works) w->wait();
-  works.clear();
-}
 
 }  // namespace
 
@@ -122,17 +165,19 @@ CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, 
   Tensor kv = pack_kv(dev, k, v);
   if (cp.rotate == CpRotate::kAllGather) {
     Tensor all = dev.empty({cp.size * kv.numel()}, kv.dtype(), MemCategory::kCommunication);
-    cp.comm->all_gather(kv, all)->wait();
+    wait_now(cp.comm->all_gather(kv, all), cp.stats);
     for (int64_t r = 0; r < cp.size; ++r)
-      forward_blocks(dev, z, shard, q, all.view({kv.numel()}, r * kv.numel()), chunks_of(cp, shard, r), scale, acc);
+      forward_blocks(dev, z, shard, q, all.view({kv.numel()}, r * kv.numel()), chunks_of(cp, shard, r), scale, acc,
+                     nullptr);
   } else {  // the ring
     Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
     for (int64_t s = 0; s < cp.size; ++s) {
-      std::vector<std::unique_ptr<Work>> hop;
+      InFlight hop;
       if (s + 1 < cp.size)
-        hop = cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}});
-      forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, acc);
-      wait_all(hop);
+        hop = InFlight(
+            cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}}));
+      forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, acc, &hop);
+      hop.finish(cp.stats);
       std::swap(kv, next);
     }
   }
@@ -157,36 +202,44 @@ CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, c
   Tensor dkv = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);  // this rank's K/V gradients
   if (cp.rotate == CpRotate::kAllGather) {
     Tensor all = dev.empty({cp.size * kv.numel()}, kv.dtype(), MemCategory::kCommunication);
-    cp.comm->all_gather(kv, all)->wait();
+    wait_now(cp.comm->all_gather(kv, all), cp.stats);
     Tensor dall = dev.zeros({cp.size * kv.numel()}, DType::kF32, MemCategory::kCommunication);
     for (int64_t r = 0; r < cp.size; ++r)
       backward_blocks(dev, z, shard, q, out, lse, dout, all.view({kv.numel()}, r * kv.numel()),
-                      chunks_of(cp, shard, r), scale, dq, dall.view({kv.numel()}, r * kv.numel()));
-    cp.comm->reduce_scatter(dall, dkv, ReduceOp::kSum)->wait();
+                      chunks_of(cp, shard, r), scale, dq, dall.view({kv.numel()}, r * kv.numel()), {});
+    wait_now(cp.comm->reduce_scatter(dall, dkv, ReduceOp::kSum), cp.stats);
   } else {  // the ring, with the K/V gradients travelling behind their K/V
     Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
+    // The partial sum of block b starts at the rank that computes it second (step 1) and ends at
+    // b's owner after cp − 1 hops; the owner's own share (step 0) never travels.
+    Tensor own = dev.zeros({kv.numel()}, DType::kF32, MemCategory::kCommunication);
     Tensor mine = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);      // this step's share
     Tensor arrived = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);   // partial sum from r − 1
     Tensor sending = dev.empty({kv.numel()}, DType::kF32, MemCategory::kCommunication);   // in flight to r + 1
-    std::vector<std::unique_ptr<Work>> grads;  // the partial sums' hop: send `sending`, receive `arrived`
+    InFlight grads;  // the partial sums' hop: send `sending`, receive `arrived`
     for (int64_t s = 0; s < cp.size; ++s) {
-      std::vector<std::unique_ptr<Work>> hop;
+      InFlight hop;
       if (s + 1 < cp.size)
-        hop = cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}});
-      dev.fill(mine, 0.0f);
+        hop = InFlight(
+            cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}}));
+      if (s > 0) dev.fill(mine, 0.0f);
       backward_blocks(dev, z, shard, q, out, lse, dout, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size),
-                      scale, dq, mine);
-      wait_all(grads);  // `arrived` holds the partial sum of this step's block; `sending` is free
-      if (s > 0) dev.add(mine, arrived, 1.0f);
-      std::swap(mine, sending);
-      // After the last step the partial sum that arrives is the whole gradient of this rank's K/V.
-      grads = cp.comm->send_recv_batch(
-          {{true, sending, int(next_rank(cp)), kTagDkv}, {false, arrived, int(prev_rank(cp)), kTagDkv}});
-      wait_all(hop);
+                      scale, dq, s == 0 ? own : mine, {&hop, &grads});
+      if (s > 0) {
+        grads.finish(cp.stats);  // `arrived` holds the partial sum of this step's block; `sending` is free
+        if (s > 1) dev.add(mine, arrived, 1.0f);
+        std::swap(mine, sending);
+        // After the last step the partial sum that arrives is every other rank's share of this
+        // rank's K/V gradient.
+        grads = InFlight(cp.comm->send_recv_batch(
+            {{true, sending, int(next_rank(cp)), kTagDkv}, {false, arrived, int(prev_rank(cp)), kTagDkv}}));
+      }
+      hop.finish(cp.stats);
       std::swap(kv, next);
     }
-    wait_all(grads);
-    dkv = arrived;
+    grads.finish(cp.stats);
+    dev.add(own, arrived, 1.0f);
+    dkv = own;
   }
   CpAttentionGrads g;
   g.dq = to_dtype(dev, dq, q.dtype(), MemCategory::kActivations);

@@ -12,9 +12,10 @@
 ///  - alltoall, a true ring (Liu et al. 2023, Ring Attention): at step s rank r holds the K/V
 ///    of rank r − s; it posts the send of that buffer to r + 1 and the receive of the next from
 ///    r − 1, computes its blocks, then waits. cp − 1 hops. Backward runs the same ring; the
-///    dK/dV of the block a rank holds travel with it (f32): at step s each rank adds its share
-///    to the partial sum received from r − 1, which arrived while it computed, and sends the sum
-///    on; after cp hops every partial sum is back at the owner of its K/V.
+///    dK/dV of the block a rank holds travel behind it (f32): at step s ≥ 1 each rank adds its
+///    share to the partial sum received from r − 1, which arrived while it computed, and sends
+///    the sum on; after cp − 1 hops every partial sum reaches the owner of its K/V, which adds
+///    the share it computed at step 0 (the volume of a reduce-scatter).
 ///  - ulysses (Jacobs et al. 2023, DeepSpeed-Ulysses): all-to-all from sequence shards to head
 ///    shards (each rank: the whole sequence, Hq / cp query and Hkv / cp kv heads), the
 ///    single-rank causal kernel, and the all-to-all back; backward the same with the gradients.
