@@ -84,6 +84,16 @@ std::string layout_report_with_volume(const RankLayout& l, const JobConfig& cfg)
     out << line << "\n";
     ++row;
   }
+  const ParallelDims& d = l.dims();
+  if (d.cp > 1) {  // how the cp line's bytes move: the rotate method and the chunks
+    const std::string& m = cfg.parallelism.context_parallel_rotate_method;
+    const char* how = m == "alltoall" ? "a ring of cp − 1 K/V hops per pass and cp − 1 hops of f32 dK/dV"
+                      : m == "ulysses" ? "all-to-alls of q, k, v, the output and their gradients (heads split over cp)"
+                                       : "K/V all-gathered per pass, f32 dK/dV reduce-scattered";
+    out << "cp: " << m << " attention, " << how << "; each sample cut into " << 2 * d.cp << " chunks of "
+        << cfg.training.seq_len / (2 * d.cp) << " tokens (" << cfg.parallelism.context_parallel_load_balancer
+        << ")\n";
+  }
   out << "bytes/step/rank: ring-algorithm volumes per optimizer step (doc/layout.md; ring all-reduce 2·S·(N−1)/N, all-gather / reduce-scatter S·(N−1)/N)\n";
   return out.str();
 }
