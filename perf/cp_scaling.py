@@ -14,7 +14,8 @@ sample per step and reports, from metrics.jsonl:
     from post to the completion seen by polling between blocks, is recorded in the JSON; it is an
     upper bound, late by up to one block.)
 
-Then the demonstration that matters to users: at --long tokens, a step that does not fit a
+With --balance it also runs all-gather with contiguous chunks (context_parallel_load_balancer =
+"none"), to show what head-tail balancing saves. Then the demonstration that matters to users: at --long tokens, a step that does not fit a
 rank's memory budget ([training] memory_limit_gib = --budget-gib) at cp 1 (the run stops with
 the allocator's out-of-memory error) trains at cp 4.
 
@@ -22,7 +23,7 @@ Ranks run one OpenMP thread each; cp 4 runs 4 ranks on this machine's cores, so 
 machine its per-rank rate also carries oversubscription (the table prints the core count).
 
 usage: /usr/bin/python3 perf/cp_scaling.py [--seq 2048 8192] [--cp 1 2 4]
-           [--methods allgather alltoall ulysses] [--long 32768] [--long-methods allgather]
+           [--methods allgather alltoall ulysses] [--balance] [--long 32768] [--long-methods allgather]
            [--budget-gib 1.0] [--layers 2] [--steps 3] [--data H5] [--out DIR] [--json PATH]
            [--binary build/bin/meshtrain]
 """
@@ -38,16 +39,17 @@ from comm_volume import ROOT, add_run_arguments, ensure_data, machine, train, wr
 DECK = os.path.join(ROOT, "inputs/llama3_debug.toml")
 
 
-def run(args, data, seq, cp, method, steps, extra=()):
+def run(args, data, seq, cp, method, steps, extra=(), balancer="headtail"):
     """One configuration; returns a result row (with "error" when the run failed)."""
-    tag = f"s{seq}_cp{cp}_{method}"
+    tag = f"s{seq}_cp{cp}_{method}" + ("" if balancer == "headtail" else f"_{balancer}")
     out = os.path.join(args.out, tag)
     over = [f"--training.seq_len={seq}", "--training.local_batch_size=1", "--training.global_batch_size=1",
             f"--training.steps={steps}", f"--model.n_layers={args.layers}", "--model.vocab_size=512",
             f"--parallelism.context_parallel_degree={cp}", "--parallelism.data_parallel_shard_degree=1",
-            f"--parallelism.context_parallel_rotate_method={method}", "--lr_scheduler.warmup_steps=1", *extra]
-    row = {"seq_len": seq, "cp": cp, "method": method}
-    print(f"seq {seq} cp {cp} {method} ...", flush=True)
+            f"--parallelism.context_parallel_rotate_method={method}",
+            f"--parallelism.context_parallel_load_balancer={balancer}", "--lr_scheduler.warmup_steps=1", *extra]
+    row = {"seq_len": seq, "cp": cp, "method": method, "balancer": balancer}
+    print(f"seq {seq} cp {cp} {method} {balancer} ...", flush=True)
     recs, summary, err = train(args.binary, DECK, data, out, cp, over, threads=1, timeout=args.timeout)
     if err:
         return {**row, "error": err}
@@ -95,12 +97,16 @@ def main():
     p.add_argument("--long", type=int, default=32768, help="sequence of the memory-budget demonstration (0: skip)")
     p.add_argument("--long-methods", nargs="+", default=["allgather"])
     p.add_argument("--budget-gib", type=float, default=1.0, help="[training] memory_limit_gib of the demonstration")
+    p.add_argument("--balance", action="store_true",
+                   help="also run all-gather with contiguous chunks (load_balancer none) at each seq and cp > 1")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     add_run_arguments(p, "cp_scaling")
     args = p.parse_args()
-    # A validation split of at least one --long sample: about 5% of the documents go there.
-    data = ensure_data(args.data, args.out, args.binary, ndocs=max(150, args.long // 25 if args.long else 150))
+    # A validation split of at least one sample of the longest sequence: about 5% of the
+    # documents (some 600 tokens each) go there.
+    longest = max(args.seq + [args.long])
+    data = ensure_data(args.data, args.out, args.binary, ndocs=max(150, longest // 25))
     rows = []
     header = (f"{'seq':>6} {'cp':>3} {'method':<10} {'tok/s/rank':>10} {'step s':>8} {'act MiB':>10} "
               f"{'x cp/1':>6} {'wait s':>8} {'hidden':>6}")
@@ -114,6 +120,12 @@ def main():
                 if cp == 1 and "error" not in r:
                     ref = r["activation_bytes_per_rank"]
                     r["method"] = "-"
+                rows.append(r)
+                block.append(r)
+        if args.balance:
+            for cp in [c for c in args.cp if c > 1]:
+                r = run(args, data, seq, cp, "allgather", args.steps, balancer="none")
+                r["method"] = "allg/none"
                 rows.append(r)
                 block.append(r)
         add_hidden(block)
