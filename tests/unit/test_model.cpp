@@ -22,6 +22,7 @@ std::pair<double, std::vector<float>> run(Transformer& m, Device& d, CheckpointP
   ctx.dev = &d;
   ctx.batch = b;
   ctx.seq_len = t;
+  ctx.shard = sequence_shard(t, 1, 0, CpBalancer::kHeadTail);  // the whole sequence
   ctx.tokens = d.empty({b * t}, DType::kI32, MemCategory::kActivations);
   ctx.targets = d.empty({b * t}, DType::kI32, MemCategory::kActivations);
   for (int64_t i = 0; i < b * t; ++i) {

@@ -65,6 +65,10 @@ void Attention::rope_chunks(StepContext& ctx, const Tensor& x, bool inverse) con
 
 Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
   Device& dev = *ctx.dev;
+  if (ctx.shard.local_len() != ctx.seq_len)
+    throw std::logic_error(name_ + ": the step context's sequence shard holds " +
+                           std::to_string(ctx.shard.local_len()) + " tokens per sample, not seq_len " +
+                           std::to_string(ctx.seq_len) + " (build it with Transformer::make_context)");
   const Tensor x = tp_enter(dev, ctx.tp, x_local);
   const int64_t n = x.dim(0);
   Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);

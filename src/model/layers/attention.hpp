@@ -18,6 +18,7 @@ class Attention final : public Layer {
   Attention(const ModelArgs& args, int layer_id, const std::string& prefix, const TensorParallel& tp);
   const std::string& name() const override { return name_; }
   std::vector<Parameter*> parameters() override;
+  /// @throws std::logic_error when ctx.shard does not hold ctx.seq_len tokens per sample.
   Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;
   Tensor backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout) override;
 
