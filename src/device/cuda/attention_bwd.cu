@@ -702,6 +702,18 @@ void backward(Allocator* alloc, const Dims& d, const Tensor& dout, const Tensor&
                                                                                  dq, dk, dv, stream)));
 }
 
+/// The shapes both backward entry points require: dout, out, dq like q; dk, dv like k; lse
+/// [B, Hq, Tq]. @throws std::invalid_argument naming `fn` and the first mismatch.
+void require_backward_shapes(const char* fn, const Tensor& q, const Tensor& k, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  require_shape(fn, "dout", dout, q.shape());
+  require_shape(fn, "out", out, q.shape());
+  require_shape(fn, "dq", dq, q.shape());
+  require_shape(fn, "dk", dk, k.shape());
+  require_shape(fn, "dv", dv, k.shape());
+  require_shape(fn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
+}
+
 }  // namespace
 }  // namespace cuda::attn
 
@@ -718,12 +730,7 @@ void CudaDevice::attention_backward(const Tensor& dout, const Tensor& q, const T
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_backward";
   const Dims d = check_qkv(kFn, q, k, v);
-  require_shape(kFn, "dout", dout, q.shape());
-  require_shape(kFn, "out", out, q.shape());
-  require_shape(kFn, "dq", dq, q.shape());
-  require_shape(kFn, "dk", dk, k.shape());
-  require_shape(kFn, "dv", dv, k.shape());
-  require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
+  require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv}) cuda::require_same(q, *t, kFn);
   cuda::require_dtype(lse, DType::kF32, kFn, "lse");
@@ -743,12 +750,7 @@ void CudaDevice::attention_block_backward(const Tensor& dout, const Tensor& q, c
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_block_backward";
   const Dims d = check_block_qkv(kFn, q, k, v, mask);
-  require_shape(kFn, "dout", dout, q.shape());
-  require_shape(kFn, "out", out, q.shape());
-  require_shape(kFn, "dq", dq, q.shape());
-  require_shape(kFn, "dk", dk, k.shape());
-  require_shape(kFn, "dv", dv, k.shape());
-  require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
+  require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out, &dout}) cuda::require_same(q, *t, kFn);
   cuda::require_dtype(lse, DType::kF32, kFn, "lse");

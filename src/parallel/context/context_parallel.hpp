@@ -42,9 +42,9 @@ const char* cp_rotate_name(CpRotate r);
 /// Time the cp group's transfers took and how much of it a rank spent blocked (seconds,
 /// accumulated until the trainer takes them). A transfer's span runs from its post to the first
 /// moment its completion is seen: polled between the blocks it overlaps (so the span can exceed
-/// the transfer by up to one block) or at the wait. Communication hidden behind computation is
-/// then 1 − wait_s / comm_s. Collectives waited for at once (all-gather, all-to-all) count fully
-/// in both.
+/// the transfer by up to one block) or at the wait, so 1 − wait_s / comm_s is an upper bound on
+/// the share of the communication hidden behind computation. Collectives waited for at once
+/// (all-gather, all-to-all) count fully in both.
 struct CpStats {
   double comm_s = 0;  ///< Σ transfer spans
   double wait_s = 0;  ///< Σ time blocked waiting for them

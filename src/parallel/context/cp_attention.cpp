@@ -1,16 +1,19 @@
 #include "parallel/context/cp_attention.hpp"
 
-#include <chrono>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "parallel/context/in_flight.hpp"
 #include "parallel/context/ulysses_attention.hpp"
 
 namespace meshtrain {
 
 namespace {
+
+using cp_detail::InFlight;
+using cp_detail::wait_now;
 
 constexpr int kTagKv = 1, kTagDkv = 2;  // MPI tags of the ring's two streams (NCCL matches in order)
 
@@ -43,54 +46,16 @@ Tensor pack_kv(Device& dev, const Tensor& k, const Tensor& v) {
   return kv;
 }
 
-using Clock = std::chrono::steady_clock;
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-/// Transfers posted together and overlapped with block computation. poll() between blocks
-/// drives MPI's progress (a rendezvous transfer moves only inside MPI calls) and notes when they
-/// completed; finish() waits and adds their span and the wait to the cp group's statistics.
-class InFlight {
- public:
-  InFlight() = default;
-  explicit InFlight(std::vector<std::unique_ptr<Work>> works) : works_(std::move(works)), posted_(Clock::now()) {}
-  void poll() {
-    if (works_.empty() || done_) return;
-    for (auto& w : works_)
-      if (!w->test()) return;
-    done_ = true;
-    completed_ = Clock::now();
-  }
-  void finish(CpStats* stats) {
-    if (works_.empty()) return;
-    const auto t0 = Clock::now();
-    for (auto& w : works_) w->wait();
-    const auto t1 = Clock::now();
-    if (stats) {
-      stats->wait_s += seconds(t0, t1);
-      stats->comm_s += seconds(posted_, done_ ? completed_ : t1);
+/// Calls fn(qc, kc, mask) for each pair of a local query chunk qc and a chunk kc of the K/V block
+/// holding the global chunks `kv_chunks` that the causal mask lets attend: key chunk h before
+/// query chunk g whole (kNone), h == g as the causal diagonal, h > g not at all.
+template <class Fn>
+void for_each_block(const SequenceShard& shard, const std::vector<int64_t>& kv_chunks, Fn&& fn) {
+  for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
+    for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
+      const int64_t gq = shard.chunks[qc], gk = kv_chunks[kc];
+      if (gk <= gq) fn(int64_t(qc), int64_t(kc), gk == gq ? AttentionMask::kCausal : AttentionMask::kNone);
     }
-    works_.clear();
-    done_ = false;
-  }
-
- private:
-  std::vector<std::unique_ptr<Work>> works_;
-  Clock::time_point posted_, completed_;
-  bool done_ = false;
-};
-
-/// Waits for a collective posted just now (nothing to overlap it with): all of it is exposed.
-void wait_now(std::unique_ptr<Work> work, CpStats* stats) {
-  std::vector<std::unique_ptr<Work>> w;
-  w.push_back(std::move(work));
-  InFlight(std::move(w)).finish(stats);
-}
-
-/// The mask of local query chunk gq against key chunk gk, or nothing to compute (gk > gq).
-bool block_mask(int64_t gq, int64_t gk, AttentionMask* mask) {
-  if (gk > gq) return false;
-  *mask = gk == gq ? AttentionMask::kCausal : AttentionMask::kNone;
-  return true;
 }
 
 /// The running result of a rank's queries: out f32 [chunks·B, C, Hq, Dh], lse f32 [chunks, B, Hq, C].
@@ -99,38 +64,32 @@ struct Partial {
 };
 
 /// Forward of this rank's query chunks against the K/V `kv` ([2, chunks·B·C·Hkv·Dh]) of the cp
-/// rank whose global chunks are `kv_chunks`, merged into `acc`.
+/// rank whose global chunks are `kv_chunks`, merged into `acc`; polls `overlapped` between blocks.
 void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& kv,
                     const std::vector<int64_t>& kv_chunks, float scale, Partial& acc, InFlight* overlapped) {
-  for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
-    for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
-      AttentionMask mask;
-      if (!block_mask(shard.chunks[qc], kv_chunks[kc], &mask)) continue;
-      const Tensor qv = q.view({z.b, z.c, z.hq, z.dh}, int64_t(qc) * z.q_chunk());
-      const Tensor kt = kv.view({z.b, z.c, z.hkv, z.dh}, int64_t(kc) * z.kv_chunk());
-      const Tensor vt = kv.view({z.b, z.c, z.hkv, z.dh}, z.kv() + int64_t(kc) * z.kv_chunk());
-      dev.attention_block_forward(qv, kt, vt, mask, acc.out_b, acc.lse_b, scale);
-      dev.attention_merge(acc.out.view({z.b, z.c, z.hq, z.dh}, int64_t(qc) * z.q_chunk()),
-                          acc.lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c), acc.out_b, acc.lse_b);
-      if (overlapped) overlapped->poll();
-    }
+  const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
+  for_each_block(shard, kv_chunks, [&](int64_t qc, int64_t kc, AttentionMask mask) {
+    const int64_t qo = qc * z.q_chunk(), ko = kc * z.kv_chunk();
+    dev.attention_block_forward(q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask, acc.out_b,
+                                acc.lse_b, scale);
+    dev.attention_merge(acc.out.view(qs, qo), acc.lse.view({z.b, z.hq, z.c}, qc * z.b * z.hq * z.c), acc.out_b,
+                        acc.lse_b);
+    if (overlapped) overlapped->poll();
+  });
 }
 
 /// Backward counterpart: dq f32 like q; dkv f32 [2, chunks·B·C·Hkv·Dh], the gradients of `kv`.
 void backward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& out,
                      const Tensor& lse, const Tensor& dout, const Tensor& kv, const std::vector<int64_t>& kv_chunks,
                      float scale, const Tensor& dq, const Tensor& dkv, std::initializer_list<InFlight*> overlapped) {
-  for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
-    for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
-      AttentionMask mask;
-      if (!block_mask(shard.chunks[qc], kv_chunks[kc], &mask)) continue;
-      const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
-      const int64_t qo = int64_t(qc) * z.q_chunk(), ko = int64_t(kc) * z.kv_chunk();
-      dev.attention_block_backward(dout.view(qs, qo), q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask,
-                                   out.view(qs, qo), lse.view({z.b, z.hq, z.c}, int64_t(qc) * z.b * z.hq * z.c),
-                                   scale, dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko));
-      for (InFlight* f : overlapped) f->poll();
-    }
+  const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
+  for_each_block(shard, kv_chunks, [&](int64_t qc, int64_t kc, AttentionMask mask) {
+    const int64_t qo = qc * z.q_chunk(), ko = kc * z.kv_chunk();
+    dev.attention_block_backward(dout.view(qs, qo), q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask,
+                                 out.view(qs, qo), lse.view({z.b, z.hq, z.c}, qc * z.b * z.hq * z.c), scale,
+                                 dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko));
+    for (InFlight* f : overlapped) f->poll();
+  });
 }
 
 /// t (f32) in the activation dtype `dt`: t itself when dt is f32, else a cast copy.
@@ -145,8 +104,12 @@ std::vector<int64_t> chunks_of(const ContextParallel& cp, const SequenceShard& s
   return sequence_shard(shard.seq_len, cp.size, rank, cp.balancer).chunks;
 }
 
-int64_t next_rank(const ContextParallel& cp) { return (cp.rank + 1) % cp.size; }
-int64_t prev_rank(const ContextParallel& cp) { return (cp.rank + cp.size - 1) % cp.size; }
+/// One ring hop: `send` to rank r + 1 and `recv` from r − 1, posted as one batch (one NCCL
+/// group). Every rank posts its hops in the same order, which NCCL's in-order matching needs.
+InFlight ring_hop(const ContextParallel& cp, const Tensor& send, const Tensor& recv, int tag) {
+  const int next = int((cp.rank + 1) % cp.size), prev = int((cp.rank + cp.size - 1) % cp.size);
+  return InFlight(cp.comm->send_recv_batch({{true, send, next, tag}, {false, recv, prev, tag}}));
+}
 
 
 }  // namespace
@@ -174,8 +137,7 @@ CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, 
     for (int64_t s = 0; s < cp.size; ++s) {
       InFlight hop;
       if (s + 1 < cp.size)
-        hop = InFlight(
-            cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}}));
+        hop = ring_hop(cp, kv, next, kTagKv);
       forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, acc, &hop);
       hop.finish(cp.stats);
       std::swap(kv, next);
@@ -220,8 +182,7 @@ CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, c
     for (int64_t s = 0; s < cp.size; ++s) {
       InFlight hop;
       if (s + 1 < cp.size)
-        hop = InFlight(
-            cp.comm->send_recv_batch({{true, kv, int(next_rank(cp)), kTagKv}, {false, next, int(prev_rank(cp)), kTagKv}}));
+        hop = ring_hop(cp, kv, next, kTagKv);
       if (s > 0) dev.fill(mine, 0.0f);
       backward_blocks(dev, z, shard, q, out, lse, dout, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size),
                       scale, dq, s == 0 ? own : mine, {&hop, &grads});
@@ -231,8 +192,7 @@ CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, c
         std::swap(mine, sending);
         // After the last step the partial sum that arrives is every other rank's share of this
         // rank's K/V gradient.
-        grads = InFlight(cp.comm->send_recv_batch(
-            {{true, sending, int(next_rank(cp)), kTagDkv}, {false, arrived, int(prev_rank(cp)), kTagDkv}}));
+        grads = ring_hop(cp, sending, arrived, kTagDkv);
       }
       hop.finish(cp.stats);
       std::swap(kv, next);

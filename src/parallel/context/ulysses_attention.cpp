@@ -1,20 +1,13 @@
 #include "parallel/context/ulysses_attention.hpp"
 
-#include <chrono>
 #include <stdexcept>
 #include <string>
+
+#include "parallel/context/in_flight.hpp"
 
 namespace meshtrain {
 
 namespace {
-
-/// The all-to-all, waited for at once: all of it is exposed (CpStats).
-void all_to_all_timed(const ContextParallel& cp, const Tensor& send, const Tensor& recv) {
-  const auto t0 = std::chrono::steady_clock::now();
-  cp.comm->all_to_all(send, recv)->wait();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (cp.stats) cp.stats->comm_s += s, cp.stats->wait_s += s;
-}
 
 /// x [chunks·B, C, H, Dh] (this rank's tokens, chunk-major) → [B, T, H/cp, Dh]: the whole
 /// sequence of this rank's heads, in global token order.
@@ -26,7 +19,7 @@ Tensor seq_to_heads(Device& dev, const ContextParallel& cp, const SequenceShard&
   Tensor send = dev.empty({cp.size * n * w}, x.dtype(), MemCategory::kCommunication);
   Tensor recv = dev.empty(send.shape(), x.dtype(), MemCategory::kCommunication);
   for (int64_t j = 0; j < cp.size; ++j) dev.copy_columns(send.view({n, w}, j * n * w), 0, x2, j * w, w);
-  all_to_all_timed(cp, send, recv);
+  cp_detail::wait_now(cp.comm->all_to_all(send, recv), cp.stats);
   Tensor out = dev.empty({batch, t, hl, dh}, x.dtype(), cat);
   const Tensor out2 = out.reshape({batch, t * w});
   for (int64_t j = 0; j < cp.size; ++j) {
@@ -52,7 +45,7 @@ Tensor heads_to_seq(Device& dev, const ContextParallel& cp, const SequenceShard&
       dev.copy_columns(send.view({batch, c * w}, j * n * w + int64_t(k) * batch * c * w), 0, y2, its[k] * c * w,
                        c * w);
   }
-  all_to_all_timed(cp, send, recv);
+  cp_detail::wait_now(cp.comm->all_to_all(send, recv), cp.stats);
   Tensor out = dev.empty({chunks * batch, c, h, dh}, y.dtype(), cat);
   const Tensor out2 = out.reshape({n, h * dh});
   for (int64_t j = 0; j < cp.size; ++j) dev.copy_columns(out2, j * w, recv.view({n, w}, j * n * w), 0, w);
