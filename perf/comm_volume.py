@@ -8,7 +8,9 @@ without loss parallelism; with activation checkpointing; with uneven vocabulary 
 pipeline parallelism (pp alone; pp 2 under FSDP, DDP, ZeRO-2 and TP 2; 1F1B, GPipe,
 Interleaved1F1B, ZBVZeroBubble; two rounds of accumulation) at 4 and 8 ranks, and context
 parallelism (cp 2 x FSDP 2 all-gather; cp 4 ring; cp 2 Ulysses under HSDP; cp 2 x TP 2 ring; cp 2
-all-gather with full activation checkpointing and accumulation; cp 2 x pp 2 ring) at 4 ranks.
+all-gather with full activation checkpointing and accumulation; cp 2 x pp 2 ring) at 4 ranks, and
+Mixture of Experts (experts over fsdp; ep 2; ep 2 under HSDP; ep 4 with full activation
+checkpointing and accumulation) at 4 ranks.
 Every counter must equal its formula exactly; prints a table, writes JSON and exits 1 on any
 mismatch (or failed run).
 
@@ -79,6 +81,22 @@ under pp), and per call a2a(x) = x*(CP-1)/CP (an all-to-all of x bytes keeps 1/C
   ulysses    cp all_to_all      M * (2L + C) * 2 * (a2a(b*s*Hq_t*Dh*B_a) + a2a(b*s*Hkv_t*Dh*B_a))
                                 (forward: q, k, v to head shards and the output back; backward:
                                 dout to head shards and dq, dk, dv back)
+
+Mixture of Experts (layouts moe-*: 4 blocks, the first dense; 8 experts, top-2, width 48, one
+shared expert; [debug] moe_force_load_balance, so the routing is known from the token positions):
+a MoE block's unit holds the router gate [E, D], the shared experts' w1 / w3 [n_s*H_e, D] and w2
+[D, n_s*H_e], and the routed experts w1 / w3 [E/ep, H_e, D] and w2 [E/ep, D, H_e]. With ep = 1
+all of them shard over fsdp as above. With ep > 1 the routed experts form units of their own,
+sharded over efsdp = N / ep (the data-parallel terms above over efsdp, their HSDP all-reduce on
+dp_replicate), and the rest over fsdp = N. On group ep, per MoE block and micro-batch: the
+per-expert counts all_to_all a2a(4*E), and the rows: rank 0 routes token position t's choice j to
+expert (t*k + j) % E, held by ep rank expert // (E/ep), so it sends X = b * #{(t, j): owner != 0}
+rows to other ranks and, since every rank holds the same positions, receives (and returns)
+Y = (ep-1) * b * #{(t, j): owner == 0}; each row is 4*D bytes:
+  EP      ep all_to_all         M * L_moe * ((1 + C') * a2a(4*E) + (2 + C') * 4*D*(X + Y))
+with C' = 1 when full activation checkpointing recomputes the blocks (their forward exchanges
+again), else 0 (backward reuses the forward's counts). The logged tokens per expert
+(moe_tokens_per_expert) must equal the same positional routing summed over the step's sequences.
 
 usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--steps 3]
            [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--local-batch 2]
@@ -153,7 +171,15 @@ LAYOUTS = {
     "cp-ac-ga2": (1, 2, 3, 2, None, {"cp": 2, "rotate": "allgather", "ac": "full", "ranks": (4,)}),
     "cp-pp": (1, 1, 3, 1, None, {"cp": 2, "pp": 2, "rotate": "alltoall", "schedule": "1F1B", "m": 2,
                                  "ranks": (4,)}),
+    # Mixture-of-Experts layouts (MOE_MODEL, round-robin routing): experts over fsdp (ep 1), ep 2
+    # with efsdp 2, ep 2 under HSDP, ep 4 with full activation checkpointing and accumulation.
+    "moe-fsdp": (1, "N", 3, 1, None, {"moe": True, "ranks": (4,)}),
+    "moe-ep": (1, "N", 3, 1, None, {"moe": True, "ep": 2, "ranks": (4,)}),
+    "moe-ep-hsdp": (2, "N/2", 3, 1, None, {"moe": True, "ep": 2, "ranks": (4,)}),
+    "moe-ep-ac-ga2": (1, "N", 3, 2, None, {"moe": True, "ep": 4, "ac": "full", "ranks": (4,)}),
 }
+MOE_MODEL = {"n_layers": 4, "n_dense_layers": 1, "num_experts": 8, "top_k": 2, "moe_inter_dim": 48,
+             "num_shared_experts": 1}
 PP_LAYERS = 6  # blocks of the pp layouts' model (--model.n_layers), so stages split unevenly
 
 
@@ -296,9 +322,36 @@ def ceil_div(a, b):
     return -(-a // b)
 
 
-def model_units(m, T=1):
+def is_moe_layer(m, i):
+    """Block i has a Mixture-of-Experts feed-forward (ModelArgs::is_moe_layer)."""
+    step = m.get("moe_layer_step", 1)
+    return m.get("num_experts", 0) > 0 and i >= m.get("n_dense_layers", 0) and i % step == step - 1
+
+
+def split_expert_units(units):
+    """(units without the routed experts, units of only the routed experts): the two parameter
+    sets expert parallelism shards over fsdp and efsdp; empty units dropped from the second."""
+    dense = [(n, [(q, sh) for q, sh in ps if ".moe.experts." not in q], h) for n, ps, h in units]
+    experts = [(n, [(q, sh) for q, sh in ps if ".moe.experts." in q], h) for n, ps, h in units]
+    return dense, [u for u in experts if u[1]]
+
+
+def expected_ep_bytes(m, ep, M, b, s, recomputed_moe):
+    """{("ep", "all_to_all"): bytes} of rank 0 under round-robin routing (see the docstring)."""
+    E, k, D = m["num_experts"], m["top_k"], m["dim"]
+    per = E // ep
+    to_others = sum(1 for t in range(s) for j in range(k) if ((t * k + j) % E) // per != 0)
+    to_me = sum(1 for t in range(s) for j in range(k) if ((t * k + j) % E) // per == 0)
+    X, Y = b * to_others, (ep - 1) * b * to_me
+    L = sum(1 for i in range(m["n_layers"]) if is_moe_layer(m, i))
+    rec = 1 if recomputed_moe else 0
+    counts = Fraction(FLOAT_BYTES * E * (ep - 1), ep)
+    return {("ep", "all_to_all"): M * L * ((1 + rec) * counts + (2 + rec) * FLOAT_BYTES * D * (X + Y))}
+
+
+def model_units(m, T=1, ep=1):
     """FSDP units in order, each (name, [(param, shape)], holds_output_head), with the shapes tp
-    rank 0 holds under tensor parallelism of degree T: vocabulary rows, wq / wk / wv / w1 / w3 rows
+    rank 0 holds under tensor parallelism of degree T (and E/ep routed experts of a MoE block): vocabulary rows, wq / wk / wv / w1 / w3 rows
     (column-parallel) split along dim 0, wo / w2 columns (row-parallel) along dim 1, in chunks of
     ceil(extent / T); norms (q_norm and k_norm included) whole."""
     D, L, Hq, Hkv, V = m["dim"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["vocab_size"]
@@ -317,8 +370,19 @@ def model_units(m, T=1):
               (p + "attention.wo.weight", (D, Qt))]
         if m.get("qk_norm"):
             ps += [(p + "attention.q_norm.weight", (Dh,)), (p + "attention.k_norm.weight", (Dh,))]
-        ps += [(p + "ffn_norm.weight", (D,)), (p + "feed_forward.w1.weight", (Ht, D)),
-               (p + "feed_forward.w2.weight", (D, Ht)), (p + "feed_forward.w3.weight", (Ht, D))]
+        ps += [(p + "ffn_norm.weight", (D,))]
+        if is_moe_layer(m, i):  # router, routed experts (this ep rank's), shared experts
+            E, He, ns = m["num_experts"], m["moe_inter_dim"], m.get("num_shared_experts", 0)
+            El = E // ep
+            ps += [(p + "moe.router.gate.weight", (E, D)), (p + "moe.experts.w1", (El, He, D)),
+                   (p + "moe.experts.w2", (El, D, He)), (p + "moe.experts.w3", (El, He, D))]
+            if ns:
+                Hs = ceil_div(ns * He, T)
+                ps += [(p + "moe.shared_experts.w1.weight", (Hs, D)), (p + "moe.shared_experts.w2.weight", (D, Hs)),
+                       (p + "moe.shared_experts.w3.weight", (Hs, D))]
+        else:
+            ps += [(p + "feed_forward.w1.weight", (Ht, D)), (p + "feed_forward.w2.weight", (D, Ht)),
+                   (p + "feed_forward.w3.weight", (Ht, D))]
         units.append((f"layers.{i}", ps, False))
     head = [("norm.weight", (D,))]
     if tied:
@@ -483,7 +547,7 @@ def resolve(layout, n):
     R, S, zero, M, reshard, *rest = LAYOUTS[layout]
     val = {"N": n, "N/2": n // 2, "N/4": n // 4, "2N": 2 * n, 1: 1, 2: 2, 4: 4}
     tp = dict(rest[0]) if rest else {}
-    for k in ("tp", "pp", "cp", "m"):
+    for k in ("tp", "pp", "cp", "m", "ep"):
         if k in tp:
             tp[k] = val[tp[k]]
     return val[R], val[S], zero, M, reshard, tp
@@ -572,6 +636,10 @@ def main():
                     if CP > 1:
                         over += [f"--parallelism.context_parallel_degree={CP}",
                                  f"--parallelism.context_parallel_rotate_method={tp['rotate']}"]
+                    if tp.get("moe"):
+                        over += [f"--model.{k}={v}" for k, v in MOE_MODEL.items()]
+                        over += ["--debug.moe_force_load_balance=true", "--metrics.moe_histogram_freq=1",
+                                 f"--parallelism.expert_parallel_degree={tp.get('ep', 1)}"]
                 tag = f"{deck_name}-{layout}-np{n}"
                 print(f"running {tag}: {' '.join(over)}", flush=True)
                 recs, _, err = train(args.binary, deck, data, os.path.join(args.out, tag), n, over,
@@ -595,14 +663,25 @@ def main():
                 b = cfg["training"]["local_batch_size"]
                 seq = cfg["training"]["seq_len"] // CP_run  # tokens per sample on this rank
                 recomputed = checkpointed_blocks(m_run["n_layers"], ac["mode"], ac["selective_ac_option"])
-                units_run = model_units(m_run, T_run)
+                EP_run = par.get("expert_parallel_degree", 1)
+                units_run = model_units(m_run, T_run, EP_run)
                 last = recs[-1]
                 counted = {}
                 for g, colls in (last.get("comm_bytes") or {}).items():
                     for c, bytes_ in colls.items():
                         counted[(g, c)] = bytes_
                 P_run = par["pipeline_parallel_degree"]
-                if P_run == 1:
+                if EP_run > 1:  # experts over efsdp, the rest over fsdp; tokens over ep
+                    dense_units, expert_units = split_expert_units(units_run)
+                    NE = N // EP_run
+                    expected = expected_bytes(dense_units, R, N, M, zero if N > 1 else None, reshard)
+                    for (g, c), v in expected_bytes(expert_units, R, NE, M, zero if NE > 1 else None,
+                                                    reshard).items():
+                        key = ("efsdp" if g == "fsdp" else g, c)
+                        expected[key] = expected.get(key, Fraction(0)) + v
+                    expected.update(expected_ep_bytes(m_run, EP_run, M, b, seq, ac["mode"] == "full"))
+                    units_run = dense_units + expert_units
+                elif P_run == 1:
                     expected = expected_bytes(units_run, R, N, M, zero if N > 1 else None, reshard)
                     expected.update(expected_tp_bytes(m_run, units_run, T_run, N, M, b, seq, sp, loss_parallel,
                                                       recomputed))
@@ -649,6 +728,21 @@ def main():
                 if "comm_bytes" not in last:
                     run["error"] = "no comm_bytes in the last training record"
                     failed = True
+                if tp.get("moe"):  # the logged loads equal the positional routing over the step's sequences
+                    path = os.path.join(args.out, tag, "metrics.jsonl")
+                    hist = [json.loads(l) for l in open(path) if "moe_tokens_per_expert" in l]
+                    E, k = m_run["num_experts"], m_run["top_k"]
+                    per_seq = [sum(1 for t in range(seq) for j in range(k) if (t * k + j) % E == e) for e in range(E)]
+                    seqs = M * b * R * S  # samples per step
+                    want = [[float(seqs * c) for c in per_seq]] * sum(
+                        1 for i in range(m_run["n_layers"]) if is_moe_layer(m_run, i))
+                    got = hist[-1]["moe_tokens_per_expert"] if hist else None
+                    ok = got == want
+                    failed |= not ok
+                    rows.append({"deck": deck_name, "layout": layout, "ranks": n, "group": "moe",
+                                 "collective": "tokens/expert", "counted": sum(map(sum, got)) if got else None,
+                                 "formula": sum(map(sum, want)), "match": ok})
+                    run["moe_tokens_per_expert"] = got
                 runs.append(run)
                 for key in sorted(set(counted) | set(expected)):
                     c, e = counted.get(key), expected.get(key)

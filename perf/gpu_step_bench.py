@@ -35,6 +35,11 @@ usage: python3 perf/gpu_step_bench.py [--build build] [--out OUT.json] [--batch 
 --build: a build folder (bin/meshtrain) or an unpacked bundle (meshtrain-run, `make bundle`).
 --smoke: a plumbing test for machines without a GPU: dim 64, 2 layers, vocabulary 512,
 seq_len 64, meshtrain on device cpu in float32, PyTorch on CPU in float32; numbers meaningless.
+Mixture of Experts: MoE overrides (e.g. --model.num_experts=8 --model.top_k=2
+--model.moe_inter_dim=2048) bench meshtrain's MoE step (grouped GEMMs: one cuBLASLt GEMM per
+expert) against validation/llama_reference.py's MoE (a PyTorch loop over experts with index_add,
+the reference rather than a tuned kernel); `--smoke --model.num_experts=4 --model.moe_inter_dim=32`
+checks the plumbing on CPU.
 """
 import argparse
 import csv

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "validation"))
-from llama_reference import LlamaReference  # noqa: E402
+from llama_reference import LlamaReference, is_moe_layer  # noqa: E402
 
 
 def init_params(a, device, seed):
@@ -57,6 +57,16 @@ def init_params(a, device, seed):
                        pre + "feed_forward.w1.weight": (f, d), pre + "feed_forward.w3.weight": (f, d),
                        pre + "feed_forward.w2.weight": (d, f), pre + "attention_norm.weight": (d,),
                        pre + "ffn_norm.weight": (d,)})
+        if is_moe_layer(a, i):  # router, expert-first routed experts, shared experts
+            e, he, ns = a["num_experts"], a["moe_inter_dim"], a.get("num_shared_experts", 0)
+            for k in ("feed_forward.w1.weight", "feed_forward.w3.weight", "feed_forward.w2.weight"):
+                del shapes[pre + k]
+            shapes.update({pre + "moe.router.gate.weight": (e, d), pre + "moe.experts.w1": (e, he, d),
+                           pre + "moe.experts.w3": (e, he, d), pre + "moe.experts.w2": (e, d, he)})
+            if ns:
+                shapes.update({pre + "moe.shared_experts.w1.weight": (ns * he, d),
+                               pre + "moe.shared_experts.w3.weight": (ns * he, d),
+                               pre + "moe.shared_experts.w2.weight": (d, ns * he)})
         if a.get("qk_norm"):
             shapes.update({pre + "attention.q_norm.weight": (dh,), pre + "attention.k_norm.weight": (dh,)})
     params = {}

@@ -80,7 +80,7 @@ def hf_loss(cfg, w, tokens):
     inp, tgt = tokens[:, :-1], tokens[:, 1:]
     b, t = inp.shape
     hq, hkv, dh, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rms_norm_eps"]
-    qwen = cfg["model_type"] == "qwen3"
+    qwen = cfg["model_type"] in ("qwen3", "qwen3_moe")
     freqs = torch.arange(t, dtype=torch.float64)[:, None] * inv_frequencies(cfg)[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos()[None, None], emb.sin()[None, None]  # [1, 1, T, Dh]
@@ -104,13 +104,58 @@ def hf_loss(cfg, w, tokens):
         attn = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
         x = x + attn.transpose(1, 2).reshape(b, t, hq * dh) @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        if p + "mlp.gate_proj.weight" in w:
+            gate = h @ w[p + "mlp.gate_proj.weight"].T
+            up = h @ w[p + "mlp.up_proj.weight"].T
+            x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        else:
+            x = x + sparse_moe(cfg, w, p, h)
     x = rms_norm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     logits = x @ head.T
     return torch.nn.functional.cross_entropy(logits.reshape(b * t, -1), tgt.reshape(-1)).item()
+
+
+def sparse_moe(cfg, w, p, h):
+    """The sparse MoE block as Hugging Face's Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock
+    compute it: router logits, softmax in float, top-k, renormalized (Mixtral always; Qwen3-MoE
+    when norm_topk_prob), each chosen expert's SwiGLU output weighted and summed."""
+    b, t, d = h.shape
+    mixtral = cfg["model_type"] == "mixtral"
+    base = p + ("block_sparse_moe." if mixtral else "mlp.")
+    k = cfg["num_experts_per_tok"]
+    n_experts = cfg["num_local_experts"] if mixtral else cfg["num_experts"]
+    hs = h.reshape(b * t, d)
+    probs = torch.softmax(hs @ w[base + "gate.weight"].T, dim=-1)
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if mixtral or cfg.get("norm_topk_prob"):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(hs)
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    for e in range(n_experts):
+        tok, slot = (chosen == e).nonzero(as_tuple=True)
+        if len(tok) == 0:
+            continue
+        g, u, dn = (w[f"{base}experts.{e}.{n}.weight"] for n in names)
+        y = (torch.nn.functional.silu(hs[tok] @ g.T) * (hs[tok] @ u.T)) @ dn.T
+        out = out.index_add(0, tok, weights[tok, slot, None] * y)
+    return out.view(b, t, d)
+
+
+def expected_tensors(cfg):
+    """Tensors a Hugging Face folder of this config holds."""
+    qwen = cfg["model_type"] in ("qwen3", "qwen3_moe")
+    n = 2 + (0 if cfg["tie_word_embeddings"] else 1)
+    for i in range(cfg["num_hidden_layers"]):
+        n += 6 + (2 if qwen else 0)  # two norms, q/k/v/o, q/k norms
+        if cfg["model_type"] == "mixtral":
+            n += 1 + 3 * cfg["num_local_experts"]
+        elif cfg["model_type"] == "qwen3_moe" and i not in cfg["mlp_only_layers"] and (
+                i + 1) % cfg["decoder_sparse_step"] == 0:
+            n += 1 + 3 * cfg["num_experts"]
+        else:
+            n += 3
+    return n
 
 
 def unpermute(w, cfg):
@@ -138,8 +183,9 @@ def main():
     with h5py.File(a.dump, "r") as f:
         tokens = f["batch"]["tokens"][()]
         want = float(f.attrs["loss"])
-        n_params = len(f["params"])
-    expected = 2 + (0 if cfg["tie_word_embeddings"] else 1) + cfg["num_hidden_layers"] * (9 + (2 if cfg["model_type"] == "qwen3" else 0))
+        # the dump holds each expert-first MoE tensor once; the export one tensor per expert
+        n_params = sum(f["params"][k].shape[0] if ".moe.experts." in k else 1 for k in f["params"])
+    expected = expected_tensors(cfg)
     failed = False
     if len(w) != expected or len(w) != n_params:
         print(f"FAIL: {len(w)} tensors in the export, {n_params} in the dump, {expected} expected from config.json")

@@ -23,10 +23,10 @@ def main():
     p.add_argument("--tol", type=float, default=1e-5)
     args = p.parse_args()
     torch.set_num_threads(1)
-    margs, params, grads, tokens, loss = load_dump(args.dump)
+    margs, params, grads, tokens, loss, buffers, force_balance = load_dump(args.dump, with_buffers=True)
     if grads is None or tokens is None or loss is None:
         sys.exit(f"{args.dump}: needs /grads, /batch/tokens and the loss attribute (write it with dump_grads)")
-    ref = LlamaReference(margs, params)
+    ref = LlamaReference(margs, params, buffers=buffers, force_balance=force_balance)
     ref_loss = ref.loss(tokens)
     ref_loss.backward()
     worst = abs(ref_loss.item() - loss) / abs(ref_loss.item())

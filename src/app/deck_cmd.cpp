@@ -50,8 +50,14 @@ int check(int argc, char** argv) {
   std::printf("  model: %s %s: dim %lld, %lld layers, %lld heads (%lld kv, head_dim %lld), ffn %lld, vocab %lld\n",
               a.name.c_str(), a.flavor.c_str(), ll(a.dim), ll(a.n_layers), ll(a.n_heads), ll(a.n_kv_heads),
               ll(a.head_dim), ll(a.ffn_dim()), ll(a.vocab_size));
-  std::printf("  parameters: %lld (%s; embedding %lld); %.4g training FLOPs per token\n", ll(a.num_params()),
-              human(double(a.num_params())).c_str(), ll(a.num_embedding_params()), a.flops_per_token(seq));
+  if (a.num_experts > 0)
+    std::printf("  experts: %lld of %lld blocks MoE, top_k %lld of %lld experts (width %lld), %lld shared; ep %lld\n",
+                ll(a.num_moe_layers()), ll(a.n_layers), ll(a.top_k), ll(a.num_experts), ll(a.moe_inter_dim),
+                ll(a.num_shared_experts), ll(d.ep));
+  std::printf("  parameters: %lld (%s; embedding %lld%s); %.4g training FLOPs per token\n", ll(a.num_params()),
+              human(double(a.num_params())).c_str(), ll(a.num_embedding_params()),
+              a.num_experts > 0 ? ("; active " + human(double(a.active_params()))).c_str() : "",
+              a.flops_per_token(seq));
   std::printf("  steps: %lld, %lld tokens in all; output in %s\n", ll(cfg.training.steps),
               ll(cfg.training.steps * global * seq), cfg.dump_folder().c_str());
   return kExitOk;

@@ -34,6 +34,15 @@ int cmd_layout(int argc, char** argv) {
               (long long)dims.cp, (long long)dims.tp, (long long)cfg.topology.ranks_per_node,
               topo_file.empty() ? "" : (", topology " + topo_file).c_str());
   std::fputs(layout_report_with_volume(layout, cfg).c_str(), stdout);
+  if (dims.ep > 1) {
+    const ModelArgs a = cfg.model_args();
+    const GroupSpan ep = layout.span(MeshDim::kEP);
+    std::printf("experts: ep %lld borrowed from dp_shard × cp = %lld; each ep rank holds %lld of %lld experts, sharded "
+                "over efsdp %lld; %lld of %lld ep groups cross nodes\n",
+                (long long)dims.ep, (long long)(dims.dp_shard * dims.cp), (long long)(a.num_experts / dims.ep),
+                (long long)a.num_experts, (long long)(dims.dp_shard * dims.cp / dims.ep), (long long)ep.cross_node,
+                (long long)ep.groups);
+  }
   if (dims.pp > 1) {
     const PipelinePlan plan = cfg.pipeline_plan(dims);
     std::printf("pipeline: %s, %lld micro-batches of %lld per round, %d stages\n%s", plan.schedule.name.c_str(),

@@ -37,14 +37,17 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 int list() {
-  std::printf("%-8s %-11s %12s %6s %7s %6s %4s %8s %8s\n", "name", "flavor", "parameters", "dim", "layers", "heads",
-              "kv", "ffn", "vocab");
+  std::printf("%-8s %-15s %12s %12s %6s %7s %6s %4s %8s %8s %9s\n", "name", "flavor", "parameters", "active", "dim",
+              "layers", "heads", "kv", "ffn", "vocab", "experts");
   for (const auto& n : model_names())
     for (const auto& f : model_flavors(n)) {
       const ModelArgs m = model_flavor(n, f);
-      std::printf("%-8s %-11s %12s %6lld %7lld %6lld %4lld %8lld %8lld\n", n.c_str(), f.c_str(),
-                  human(double(m.num_params())).c_str(), ll(m.dim), ll(m.n_layers), ll(m.n_heads), ll(m.n_kv_heads),
-                  ll(m.ffn_dim()), ll(m.vocab_size));
+      const std::string experts =
+          m.num_experts > 0 ? std::to_string(m.top_k) + "/" + std::to_string(m.num_experts) : std::string("-");
+      std::printf("%-8s %-15s %12s %12s %6lld %7lld %6lld %4lld %8lld %8lld %9s\n", n.c_str(), f.c_str(),
+                  human(double(m.num_params())).c_str(), human(double(m.active_params())).c_str(), ll(m.dim),
+                  ll(m.n_layers), ll(m.n_heads), ll(m.n_kv_heads), ll(m.num_experts > 0 ? m.moe_inter_dim : m.ffn_dim()),
+                  ll(m.vocab_size), experts.c_str());
     }
   return kExitOk;
 }
@@ -61,7 +64,13 @@ void print_json(const ModelArgs& m, int64_t seq_len) {
       {"qk_norm", m.qk_norm}, {"tie_word_embeddings", m.tie_word_embeddings}, {"parameters", m.num_params()},
       {"embedding_parameters", m.num_embedding_params()}, {"matmul_parameters", m.matmul_params()},
       {"seq_len", seq_len}, {"flops_per_token", m.flops_per_token(seq_len)},
-      {"flops_per_token_without_tied_output", m.flops_per_token_without_tied_output(seq_len)}};
+      {"flops_per_token_without_tied_output", m.flops_per_token_without_tied_output(seq_len)},
+      {"active_parameters", m.active_params()}, {"active_matmul_parameters", m.active_matmul_params()},
+      {"num_experts", m.num_experts}, {"top_k", m.top_k}, {"num_shared_experts", m.num_shared_experts},
+      {"moe_inter_dim", m.moe_inter_dim}, {"score_func", m.score_func}, {"route_norm", m.route_norm},
+      {"route_scale", m.route_scale}, {"load_balance_coeff", m.load_balance_coeff},
+      {"aux_loss_coeff", m.aux_loss_coeff}, {"z_loss_coeff", m.z_loss_coeff}, {"n_dense_layers", m.n_dense_layers},
+      {"moe_layer_step", m.moe_layer_step}, {"moe_layers", m.num_moe_layers()}};
   std::printf("%s\n", j.dump().c_str());
 }
 
@@ -82,14 +91,31 @@ void print_text(const ModelArgs& m, int64_t seq_len) {
                 ll(m.rope_original_max_seq_len));
   else
     std::printf("  rope_theta %g, no RoPE scaling\n", m.rope_theta);
+  if (m.num_experts > 0) {
+    std::printf("  Mixture of Experts: %lld of %lld blocks (n_dense_layers %lld, moe_layer_step %lld); %lld routed experts "
+                "of width %lld, top_k %lld, %lld shared\n",
+                ll(m.num_moe_layers()), ll(m.n_layers), ll(m.n_dense_layers), ll(m.moe_layer_step), ll(m.num_experts),
+                ll(m.moe_inter_dim), ll(m.top_k), ll(m.num_shared_experts));
+    std::printf("  router: %s scores, route_norm %s, route_scale %g; load_balance_coeff %g, aux_loss_coeff %g, "
+                "z_loss_coeff %g\n",
+                m.score_func.c_str(), m.route_norm ? "true" : "false", m.route_scale, m.load_balance_coeff,
+                m.aux_loss_coeff, m.z_loss_coeff);
+  }
   std::printf("  parameters %lld (%s), embedding %lld, non-embedding %lld\n", ll(m.num_params()),
               human(double(m.num_params())).c_str(), ll(m.num_embedding_params()),
               ll(m.num_params() - m.num_embedding_params()));
+  if (m.num_experts > 0)
+    std::printf("  active parameters %lld (%s): what one token runs through (top_k of the routed experts)\n",
+                ll(m.active_params()), human(double(m.active_params())).c_str());
   std::printf("  matmul parameters N_matmul %lld (%s): all but the embedding lookup%s\n", ll(m.matmul_params()),
               human(double(m.matmul_params())).c_str(),
               m.tie_word_embeddings ? ", the tied output projection counted (it is a matmul)" : "");
-  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·N_matmul + 12·L·H·Dh·T, no causal discount; MFU uses it)\n",
-              ll(seq_len), m.flops_per_token(seq_len));
+  if (m.num_experts > 0)
+    std::printf("  active matmul parameters %lld (%s)\n", ll(m.active_matmul_params()),
+                human(double(m.active_matmul_params())).c_str());
+  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·N_matmul + 12·L·H·Dh·T%s, no causal discount; MFU "
+              "uses it)\n",
+              ll(seq_len), m.flops_per_token(seq_len), m.num_experts > 0 ? " with the active N_matmul" : "");
   if (m.tie_word_embeddings)
     std::printf("  without the tied output projection: %.4g (6·(N − N_emb) + 12·L·H·Dh·T, TorchTitan's count for tied "
                 "models; %.1f%% lower)\n",

@@ -20,6 +20,16 @@ void write_model_args(hid_t loc, const ModelArgs& a, const std::string& path) {
                          {"rope_low_freq_factor", a.rope_low_freq_factor},
                          {"rope_high_freq_factor", a.rope_high_freq_factor}})
     h5::write_attr(loc, name, double(v), path);
+  // Mixture of Experts (num_experts 0: dense).
+  for (auto [name, v] : {std::pair{"num_experts", a.num_experts}, {"top_k", a.top_k},
+                         {"num_shared_experts", a.num_shared_experts}, {"moe_inter_dim", a.moe_inter_dim},
+                         {"n_dense_layers", a.n_dense_layers}, {"moe_layer_step", a.moe_layer_step},
+                         {"route_norm", int64_t(a.route_norm)}})
+    h5::write_attr(loc, name, int64_t(v), path);
+  for (auto [name, v] : {std::pair{"route_scale", a.route_scale}, {"load_balance_coeff", a.load_balance_coeff},
+                         {"aux_loss_coeff", a.aux_loss_coeff}, {"z_loss_coeff", a.z_loss_coeff}})
+    h5::write_attr(loc, name, double(v), path);
+  h5::write_attr(loc, "score_func", a.score_func, path);
 }
 
 ModelArgs read_model_args(hid_t loc, const std::string& path) {
@@ -44,6 +54,21 @@ ModelArgs read_model_args(hid_t loc, const std::string& path) {
   a.rope_scaling_factor = d("rope_scaling_factor");
   a.rope_low_freq_factor = d("rope_low_freq_factor");
   a.rope_high_freq_factor = d("rope_high_freq_factor");
+  // Files written before MoE models existed have no MoE attributes: dense.
+  if (H5Aexists(loc, "num_experts") > 0) {
+    a.num_experts = i("num_experts");
+    a.top_k = i("top_k");
+    a.num_shared_experts = i("num_shared_experts");
+    a.moe_inter_dim = i("moe_inter_dim");
+    a.n_dense_layers = i("n_dense_layers");
+    a.moe_layer_step = i("moe_layer_step");
+    a.route_norm = i("route_norm") != 0;
+    a.route_scale = d("route_scale");
+    a.load_balance_coeff = d("load_balance_coeff");
+    a.aux_loss_coeff = d("aux_loss_coeff");
+    a.z_loss_coeff = d("z_loss_coeff");
+    a.score_func = h5::read_string_attr(loc, "score_func", path);
+  }
   return a;
 }
 

@@ -6,6 +6,7 @@
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
+#include "model/layers/moe.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -54,6 +55,13 @@ void write_model_dump(const std::string& path, Transformer& model, Device& dev, 
     if (opt.grads) {
       write_tensors(f.id, "/grads", model, dev, true, tmp, nullptr);
       h5::write_attr(f.id, "loss", double(opt.loss), tmp);
+      h5::write_attr(f.id, "moe_force_load_balance", int64_t(opt.moe_force_load_balance), tmp);
+    }
+    if (!model.moe_layers().empty()) {  // state that is not a parameter: the MoE selection biases
+      H5Handle g{H5Gcreate2(f.id, "/buffers", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+      for (const MoE* m : model.moe_layers())
+        write_dataset(g.id, m->name() + ".expert_bias", {m->num_experts()}, H5T_NATIVE_FLOAT, m->expert_bias().data(),
+                      tmp);
     }
     if (opt.tokens) {
       H5Handle g{H5Gcreate2(f.id, "/batch", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};

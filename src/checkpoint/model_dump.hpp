@@ -19,6 +19,9 @@ struct DumpOptions {
   /// of downloading Parameter::value — a tensor-parallel model's slabs reassembled
   /// (gather_tp_parameter). Not with grads.
   const std::vector<std::vector<float>>* global_values = nullptr;
+  /// Root attribute moe_force_load_balance (1: the MoE layers routed round-robin), when grads
+  /// are written.
+  bool moe_force_load_balance = false;
 };
 
 /// Writes `model` (unsharded, on this rank, or its global values from opt.global_values) to

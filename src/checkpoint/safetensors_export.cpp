@@ -73,13 +73,29 @@ void rename_into_place(const std::string& tmp, const std::string& path) {
 }
 
 nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string& path) {
-  const bool qwen = a.name == "qwen3";
+  const bool qwen = a.name == "qwen3", moe = a.num_experts > 0;
+  if (moe) {
+    // What Qwen3MoeForCausalLM / MixtralForCausalLM compute: softmax top-k, no shared expert,
+    // gates unscaled; Mixtral also renormalizes always and has every block MoE.
+    const auto refuse = [&](const std::string& what) {
+      h5::fail(path, "export of this Mixture-of-Experts model: " + what + " has no counterpart in Hugging Face's " +
+                         (qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM") + " (not implemented yet)");
+    };
+    if (a.score_func != "softmax") refuse("score_func \"" + a.score_func + "\"");
+    if (a.route_scale != 1.0) refuse("route_scale " + std::to_string(a.route_scale));
+    if (a.num_shared_experts > 0) refuse("a shared expert");
+    if (!qwen && !a.route_norm) refuse("route_norm = false");
+    if (!qwen && (a.n_dense_layers > 0 || a.moe_layer_step != 1)) refuse("a dense block");
+  }
   if (!qwen && a.qk_norm)
     h5::fail(path, "a llama3 model with qk_norm has no Hugging Face architecture (LlamaForCausalLM has no q/k norm): "
                    "not implemented yet");
+  const char* arch = moe ? (qwen ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM")
+                         : (qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+  const char* type = moe ? (qwen ? "qwen3_moe" : "mixtral") : (qwen ? "qwen3" : "llama");
   nlohmann::json c = {
-      {"architectures", {qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", qwen ? "qwen3" : "llama"},
+      {"architectures", {arch}},
+      {"model_type", type},
       {"hidden_size", a.dim},
       {"intermediate_size", a.ffn_dim()},
       {"num_hidden_layers", a.n_layers},
@@ -96,8 +112,29 @@ nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string&
       {"initializer_range", 0.02},
       {"use_cache", true},
   };
-  if (!qwen) c["mlp_bias"] = false;
+  if (!qwen && !moe) c["mlp_bias"] = false;
   if (qwen) c["use_sliding_window"] = false, c["sliding_window"] = nullptr, c["max_window_layers"] = a.n_layers;
+  if (moe && qwen) {
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < a.n_layers; ++i)
+      if (!a.is_moe_layer(i) && i < a.n_dense_layers) dense.push_back(i);
+    c["num_experts"] = a.num_experts;
+    c["num_experts_per_tok"] = a.top_k;
+    c["moe_intermediate_size"] = a.moe_inter_dim;
+    c["norm_topk_prob"] = a.route_norm;
+    c["decoder_sparse_step"] = a.moe_layer_step;  // block i sparse when (i + 1) % step == 0, as ours
+    c["mlp_only_layers"] = dense;
+    c["router_aux_loss_coef"] = a.aux_loss_coeff;
+    c["output_router_logits"] = false;
+  }
+  if (moe && !qwen) {
+    c["intermediate_size"] = a.moe_inter_dim;
+    c["num_local_experts"] = a.num_experts;
+    c["num_experts_per_tok"] = a.top_k;
+    c["router_aux_loss_coef"] = a.aux_loss_coeff;
+    c["output_router_logits"] = false;
+    c["sliding_window"] = nullptr;
+  }
   if (a.use_rope_scaling) {
     // Llama 3.1 scaling as transformers names it (rope_type "llama3").
     c["rope_scaling"] = {{"rope_type", "llama3"},
@@ -157,6 +194,24 @@ std::string hf_parameter_name(const std::string& name) {
       if (rest == from) return "model." + name.substr(0, dot + 1) + to;
   }
   throw CheckpointError("parameter " + name + " has no Hugging Face counterpart");
+}
+
+std::string hf_moe_parameter_name(const std::string& name, bool qwen, int64_t expert) {
+  const std::string prefix = "layers.";
+  const size_t dot = name.find('.', prefix.size());
+  if (name.rfind(prefix, 0) != 0 || dot == std::string::npos ||
+      name.find_first_not_of("0123456789", prefix.size()) != dot)
+    return hf_parameter_name(name);
+  const std::string block = "model." + name.substr(0, dot + 1) + (qwen ? "mlp." : "block_sparse_moe.");
+  const std::string rest = name.substr(dot + 1), e = std::to_string(expert);
+  if (rest == "moe.router.gate.weight" && expert < 0) return block + "gate.weight";
+  // w1 = gate, w3 = up, w2 = down (Meta's SwiGLU names; Mixtral keeps them).
+  static const std::pair<const char*, const char*> kExperts[] = {
+      {"moe.experts.w1", "gate_proj"}, {"moe.experts.w2", "down_proj"}, {"moe.experts.w3", "up_proj"}};
+  for (const auto& [from, to] : kExperts)
+    if (rest == from && expert >= 0)
+      return block + "experts." + e + "." + (qwen ? std::string(to) : rest.substr(rest.size() - 2)) + ".weight";
+  return hf_parameter_name(name);
 }
 
 std::vector<float> permute_rope_rows(const std::vector<float>& src, int64_t rows, int64_t cols, int64_t head_dim) {
@@ -237,13 +292,42 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
   summary.architecture = config["architectures"][0];
 
   // Header: {hf name: {dtype, shape, data_offsets [begin, end) in the data section}}; the data
-  // section follows in the header's (sorted) key order.
-  std::map<std::string, size_t> order;  // hf name → entry index
+  // section follows in the header's (sorted) key order. An expert-first MoE dataset [E, …]
+  // becomes E tensors, one per expert (slab e of dim 0).
+  struct Source {
+    size_t entry;
+    int64_t expert;  // −1: the whole dataset
+    std::vector<hsize_t> dims;
+  };
+  std::map<std::string, Source> order;  // hf name → where its values come from
+  const bool qwen = args.name == "qwen3";
   for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (ends_with(e.name, ".moe.expert_bias")) {
+      // Hugging Face's routers have no selection bias: exportable only when it never moved.
+      std::vector<float> b(size_t(e.dims.at(0)));
+      const std::string ds_name = "/model/" + e.name;
+      h5::Handle ds{H5Dopen2(file.id, ds_name.c_str(), H5P_DEFAULT), H5Dclose};
+      if (ds.id < 0 || H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b.data()) < 0)
+        h5::fail(path, "cannot read dataset " + ds_name);
+      for (float v : b)
+        if (v != 0.0f)
+          h5::fail(path, "dataset " + ds_name + " is not zero: the expert-selection bias of auxiliary-loss-free "
+                         "balancing has no counterpart in Hugging Face's routers (train with [model] "
+                         "load_balance_coeff = 0 to export; exporting with the bias is not implemented yet)");
+      continue;
+    }
     try {
-      order[hf_parameter_name(entries[i].name)] = i;
+      if (args.num_experts > 0 && e.name.find(".moe.experts.") != std::string::npos) {
+        for (hsize_t x = 0; x < e.dims.at(0); ++x)
+          order[hf_moe_parameter_name(e.name, qwen, int64_t(x))] =
+              Source{i, int64_t(x), std::vector<hsize_t>(e.dims.begin() + 1, e.dims.end())};
+      } else {
+        order[args.num_experts > 0 ? hf_moe_parameter_name(e.name, qwen, -1) : hf_parameter_name(e.name)] =
+            Source{i, -1, e.dims};
+      }
     } catch (const CheckpointError&) {
-      h5::fail(path, "dataset /model/" + entries[i].name + " has no Hugging Face counterpart");
+      h5::fail(path, "dataset /model/" + e.name + " has no Hugging Face counterpart");
     }
   }
   nlohmann::json header = nlohmann::json::object();
@@ -252,10 +336,10 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
                             {"source", std::filesystem::path(path).filename().string()},
                             {"step", std::to_string(summary.step)}};
   uint64_t offset = 0;
-  for (const auto& [hf, i] : order) {
+  for (const auto& [hf, src] : order) {
     uint64_t n = sizeof(float);
-    for (hsize_t d : entries[i].dims) n *= d;
-    header[hf] = {{"dtype", "F32"}, {"shape", entries[i].dims}, {"data_offsets", {offset, offset + n}}};
+    for (hsize_t d : src.dims) n *= d;
+    header[hf] = {{"dtype", "F32"}, {"shape", src.dims}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -273,15 +357,26 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
     write_all(f, &header_len, sizeof header_len, st_tmp);
     write_all(f, text.data(), text.size(), st_tmp);
     std::vector<float> host;
-    for (const auto& [hf, i] : order) {
-      const Entry& e = entries[i];
+    for (const auto& [hf, src] : order) {
+      const Entry& e = entries[src.entry];
       const std::string ds_name = "/model/" + e.name;
       h5::Handle ds{H5Dopen2(file.id, ds_name.c_str(), H5P_DEFAULT), H5Dclose};
       hsize_t n = 1;
-      for (hsize_t d : e.dims) n *= d;
+      for (hsize_t d : src.dims) n *= d;
       host.resize(size_t(n));
-      if (ds.id < 0 || H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) < 0)
-        h5::fail(path, "cannot read dataset " + ds_name);
+      bool ok = ds.id >= 0;
+      if (ok && src.expert < 0) {
+        ok = H5Dread(ds.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) >= 0;
+      } else if (ok) {  // slab `expert` of dim 0
+        std::vector<hsize_t> start(e.dims.size(), 0), count = e.dims;
+        start[0] = hsize_t(src.expert);
+        count[0] = 1;
+        h5::Handle space{H5Dget_space(ds.id), H5Sclose};
+        h5::Handle mem{H5Screate_simple(1, &n, nullptr), H5Sclose};
+        ok = H5Sselect_hyperslab(space.id, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) >= 0 &&
+             H5Dread(ds.id, H5T_NATIVE_FLOAT, mem.id, space.id, H5P_DEFAULT, host.data()) >= 0;
+      }
+      if (!ok) h5::fail(path, "cannot read dataset " + ds_name);
       const bool q = ends_with(e.name, ".wq.weight") || ends_with(e.name, ".q_norm.weight");
       const bool k = ends_with(e.name, ".wk.weight") || ends_with(e.name, ".k_norm.weight");
       if (q || k) {

@@ -1,7 +1,8 @@
 #pragma once
 /// @file `meshtrain ckpt export --format safetensors`: a checkpoint's parameters as a Hugging Face
 /// model folder (model.safetensors + config.json) that transformers' LlamaForCausalLM /
-/// Qwen3ForCausalLM load (doc/checkpoint-format.md, "Export").
+/// Qwen3ForCausalLM / Qwen3MoeForCausalLM / MixtralForCausalLM load (doc/checkpoint-format.md,
+/// "Export").
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,14 @@ namespace meshtrain {
 /// "layers.3.attention.wq.weight" → "model.layers.3.self_attn.q_proj.weight".
 /// @throws CheckpointError naming the parameter when it has no Hugging Face counterpart.
 std::string hf_parameter_name(const std::string& name);
+
+/// The Hugging Face name of a parameter of a Mixture-of-Experts model: Qwen3MoeForCausalLM
+/// (`qwen`: model.layers.{i}.mlp.gate.weight, mlp.experts.{e}.{gate,up,down}_proj.weight) or
+/// MixtralForCausalLM (block_sparse_moe.gate.weight, block_sparse_moe.experts.{e}.w{1,2,3}.weight).
+/// `expert` names the slab of an expert-first dataset (layers.{i}.moe.experts.w1 [E, H, D] …);
+/// −1 for every other parameter, which maps as hf_parameter_name.
+/// @throws CheckpointError naming the parameter when it has no counterpart.
+std::string hf_moe_parameter_name(const std::string& name, bool qwen, int64_t expert);
 
 /// Reorders the rows of a [heads·Dh, cols] tensor, head by head, from Meta's interleaved RoPE
 /// pairs (2j, 2j+1) to Hugging Face's rotate-half pairs (j, j + Dh/2): within a head, new row
@@ -26,7 +35,7 @@ struct ExportSummary {
   int64_t tensors = 0;        ///< tensors in model.safetensors
   int64_t bytes = 0;          ///< size of model.safetensors (bytes)
   int64_t step = 0;           ///< the checkpoint's step
-  std::string architecture;   ///< "LlamaForCausalLM" or "Qwen3ForCausalLM"
+  std::string architecture;   ///< "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM" or "MixtralForCausalLM"
   std::vector<std::string> tokenizer_files;  ///< file names copied from the assets folder
 };
 

@@ -320,6 +320,7 @@ void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vec
   count[0] = hsize_t(n / row);
   const int d = p.sharding.tp_dim;
   if (d >= 0) start[size_t(d)] += hsize_t(p.sharding.tp_first);
+  start[0] += hsize_t(p.sharding.ep_first);  // an expert-parallel rank's experts (0 otherwise)
 }
 
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
@@ -370,8 +371,37 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       for (const std::string& name : {state_name(p, "exp_avg"), state_name(p, "exp_avg_sq")})
         datasets.emplace(name, create_dataset(file.id, name, p.shape, path));
     }
+    // MoE selection biases: small [E] datasets, written by rank 0 (every rank holds them all).
+    const ModelArgs& args = model.args();
+    std::vector<std::string> bias_names;
+    for (int64_t i = 0; i < args.n_layers; ++i)
+      if (args.is_moe_layer(i)) bias_names.push_back("/model/layers." + std::to_string(i) + ".moe.expert_bias");
+    if (state.expert_bias.size() != bias_names.size())
+      error = path + ": " + std::to_string(state.expert_bias.size()) + " expert-bias vectors for " +
+              std::to_string(bias_names.size()) + " MoE blocks";
+    for (const std::string& name : bias_names)
+      datasets.emplace(name, create_dataset(file.id, name, {args.num_experts}, path));
     // Shard data: independent writes of this rank's hyperslabs, each checksummed.
     std::string checksums;
+    int world_rank = 0;
+    MPI_Comm_rank(world, &world_rank);
+    for (size_t j = 0; j < bias_names.size() && error.empty() && world_rank == 0; ++j) {
+      const std::vector<float>& b = state.expert_bias[j];
+      const std::vector<hsize_t> start{0}, count{hsize_t(b.size())};
+      int64_t bad = -1;
+      const std::string hash = saved_shard_hash_hex(b.data(), b.size(), &bad);
+      if (int64_t(b.size()) != args.num_experts || bad >= 0) {
+        error = path + ": refusing to write " + bias_names[j] + " (" + std::to_string(b.size()) + " values" +
+                (bad >= 0 ? ", non-finite" : "") + ")";
+        nonfinite = bad >= 0;
+        break;
+      }
+      if (!transfer(datasets.at(bias_names[j]).id, start, count, const_cast<float*>(b.data()), true)) {
+        error = path + ": cannot write dataset " + bias_names[j];
+        break;
+      }
+      checksums += checksum_line(bias_names[j], start, count, hash);
+    }
     std::vector<float> host;
     std::vector<hsize_t> start, count;
     for (size_t i = 0; i < shards.size() && error.empty(); ++i) {
@@ -464,6 +494,24 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       state.optimizer_step = h5::read_int_attr(g.id, "optimizer_step", path);
       state.lr = h5::read_double_attr(g.id, "lr", path);
       state.seed = h5::read_int_attr(g.id, "seed", path);
+    }
+    // MoE selection biases: every rank reads all of them (a few floats per block); the
+    // round-robin checksum pass below verifies them.
+    const ModelArgs& args = model.args();
+    for (int64_t i = 0; i < args.n_layers; ++i) {
+      if (!args.is_moe_layer(i)) continue;
+      const std::string name = "/model/layers." + std::to_string(i) + ".moe.expert_bias";
+      Handle ds{-1, H5Dclose};
+      H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, name.c_str(), H5P_DEFAULT); }
+      H5E_END_TRY;
+      if (ds.id < 0) h5::fail(path, "missing dataset " + name + " (a checkpoint of another model?)");
+      Handle space{H5Dget_space(ds.id), H5Sclose};
+      if (H5Sget_simple_extent_ndims(space.id) != 1 || H5Sget_simple_extent_npoints(space.id) != args.num_experts)
+        h5::fail(path, "dataset " + name + " does not hold " + std::to_string(args.num_experts) + " values");
+      std::vector<float> b(size_t(args.num_experts));
+      if (!transfer(ds.id, {0}, {hsize_t(b.size())}, b.data(), false))
+        h5::fail(path, "cannot read dataset " + name + " (truncated or corrupt file)");
+      state.expert_bias.push_back(std::move(b));
     }
     records = read_checksum_records(file.id, path);
     std::unordered_map<std::string, size_t> by_key;

@@ -30,6 +30,10 @@ struct TrainState {
   int64_t optimizer_step = 0;  ///< AdamW's t
   double lr = 0;               ///< learning rate of the last step taken
   int64_t seed = 0;            ///< [training] seed: the counter-based RNG state
+  /// Mixture of Experts: each MoE block's selection bias [E], in block order (the blocks
+  /// ModelArgs::is_moe_layer names), identical on every rank (gather_expert_biases). Stored as
+  /// /model/layers.{i}.moe.expert_bias, part of the model state; empty for dense models.
+  std::vector<std::vector<float>> expert_bias;
 };
 
 /// Which replicated pieces this rank writes: pieces replicated over dp_replicate are written by

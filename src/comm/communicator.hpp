@@ -13,6 +13,11 @@
 
 namespace meshtrain {
 
+/// Checks all_to_all_v's arguments for a group of `size` ranks and returns the elements per row.
+/// @throws std::invalid_argument naming the rule broken.
+int64_t all_to_all_v_row_elems(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                               const std::vector<int64_t>& recv_rows, int size);
+
 enum class ReduceOp { kSum, kMax, kMin };
 
 /// Handle of one in-flight collective.
@@ -77,6 +82,16 @@ class Communicator {
   }
   /// in, out [size · n]: block j of `in` goes to rank j, block i of `out` comes from rank i.
   virtual std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) = 0;
+  /// Uneven all-to-all over rows (the token exchange of expert parallelism): a row is one
+  /// index of dim 0 (a [R, D] tensor's row is D elements; a 1-D tensor's, one element). `in`
+  /// [Σ send_rows, …] is cut in rank order into blocks of send_rows[j] rows, block j going to
+  /// rank j; `out` [Σ recv_rows, …] receives rank i's block at offset Σ_{i' < i} recv_rows[i'].
+  /// recv_rows[i] must be what rank i sends here (exchange the counts first, e.g. with
+  /// all_to_all); any count may be 0. Bytes counted: the rows sent to other ranks.
+  /// @throws std::invalid_argument on count vectors of the wrong length, negative counts, row
+  /// totals that do not match the tensors, or mismatched dtypes or row widths; CommError.
+  virtual std::unique_ptr<Work> all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                                             const std::vector<int64_t>& recv_rows) = 0;
   virtual void barrier() = 0;
 
   /// Blocking fp64 all-reduce of a few host scalars (loss sums, token counts, norms).

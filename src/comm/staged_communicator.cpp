@@ -158,4 +158,16 @@ std::unique_ptr<Work> StagedCommunicator::all_to_all(const Tensor& in, const Ten
   return staged(std::move(inner), hin, hout, out);
 }
 
+std::unique_ptr<Work> StagedCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows,
+                                                       const Tensor& out, const std::vector<int64_t>& recv_rows) {
+  all_to_all_v_row_elems(in, send_rows, out, recv_rows, size());
+  // The host copies keep the row shape: the counts are in rows.
+  Tensor hin = host_like(in).reshape(in.shape()), hout = host_like(out).reshape(out.shape());
+  dev_.download(hin.raw(), in, in.nbytes());
+  const auto before = mpi_.bytes_sent();
+  auto inner = mpi_.all_to_all_v(hin, send_rows, hout, recv_rows);
+  absorb(before);
+  return staged(std::move(inner), hin, hout, out);
+}
+
 }  // namespace meshtrain

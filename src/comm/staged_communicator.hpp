@@ -49,6 +49,8 @@ class StagedCommunicator final : public Communicator {
   /// Uploads into t when the message arrived.
   std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
+  std::unique_ptr<Work> all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                                     const std::vector<int64_t>& recv_rows) override;
   /// Delegates to the MPI communicator (host barrier; device work is not waited for).
   void barrier() override { mpi_.barrier(); }
   /// Delegates to the MPI communicator.

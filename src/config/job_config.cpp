@@ -31,8 +31,6 @@ const char* torchtitan_model_feature(const std::string& name) {
 }
 
 const char* torchtitan_flavor_feature(const std::string& name, const std::string& flavor) {
-  if (name == "qwen3" && (flavor == "debugmodel_moe" || flavor == "30B-A3B" || flavor == "235B-A22B"))
-    return "Mixture-of-Experts flavor";
   if (name == "llama3" && (flavor == "debugmodel_flex_attn" || flavor == "8B_flex"))
     return "FlexAttention flavor";
   if (name == "llama3" && (flavor == "debugmodel_varlen_attn" || flavor == "8B_varlen"))
@@ -94,9 +92,35 @@ ModelArgs JobConfig::model_args() const {
   if (m.rope_low_freq_factor) a.rope_low_freq_factor = *m.rope_low_freq_factor;
   if (m.rope_high_freq_factor) a.rope_high_freq_factor = *m.rope_high_freq_factor;
   if (m.rope_original_max_seq_len) a.rope_original_max_seq_len = *m.rope_original_max_seq_len;
+  if (m.num_experts) a.num_experts = *m.num_experts;
+  if (m.top_k) a.top_k = *m.top_k;
+  if (m.num_shared_experts) a.num_shared_experts = *m.num_shared_experts;
+  if (m.moe_inter_dim) a.moe_inter_dim = *m.moe_inter_dim;
+  if (!m.score_func.empty()) a.score_func = m.score_func;
+  if (m.route_norm) a.route_norm = *m.route_norm;
+  if (m.route_scale) a.route_scale = *m.route_scale;
+  if (m.load_balance_coeff) a.load_balance_coeff = *m.load_balance_coeff;
+  if (m.aux_loss_coeff) a.aux_loss_coeff = *m.aux_loss_coeff;
+  if (m.z_loss_coeff) a.z_loss_coeff = *m.z_loss_coeff;
+  if (m.n_dense_layers) a.n_dense_layers = *m.n_dense_layers;
+  if (m.moe_layer_step) a.moe_layer_step = *m.moe_layer_step;
+  if (a.num_experts > 0) {
+    if (a.top_k > a.num_experts)
+      fail(*this, m.top_k ? "model.top_k" : "model.num_experts",
+           "top_k " + str(a.top_k) + " exceeds num_experts " + str(a.num_experts) +
+               " (each token chooses top_k distinct experts)");
+    if (a.moe_inter_dim < 1)
+      fail(*this, m.moe_inter_dim ? "model.moe_inter_dim" : "model.num_experts",
+           "a Mixture-of-Experts model (num_experts " + str(a.num_experts) +
+               ") needs moe_inter_dim >= 1 (the experts' hidden width)");
+    if (a.num_moe_layers() == 0)
+      fail(*this, m.n_dense_layers ? "model.n_dense_layers" : "model.moe_layer_step",
+           "no block is MoE: n_dense_layers " + str(a.n_dense_layers) + " and moe_layer_step " +
+               str(a.moe_layer_step) + " leave all " + str(a.n_layers) + " blocks dense (set num_experts = 0 for a dense model)");
+  }
   if (m.head_dim) {
     a.head_dim = *m.head_dim;
-  } else if (a.name == "llama3") {  // Meta's Llama: head_dim = dim / n_heads; Qwen3 sets it explicitly
+  } else if (a.name == "llama3" || a.name == "mixtral") {  // head_dim = dim / n_heads; Qwen3 sets it explicitly
     if (a.dim % a.n_heads)
       fail(*this, m.dim ? "model.dim" : "model.n_heads",
            "dim " + str(a.dim) + " is not divisible by n_heads " + str(a.n_heads) +
@@ -183,18 +207,31 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
              std::string("\"ulysses\" gives each cp rank a share of every tp rank's heads, but ") + what + " " +
                  str(heads) + " is not divisible by cp × tp = " + str(d.cp * d.tp) + " (" + what +
                  " % (cp × tp) == 0; \"allgather\" or \"alltoall\" have no such rule)");
-  // Vocabulary rows and FFN hidden units split as torch.chunk does (⌈E/tp⌉ per rank): every
-  // rank must get at least one.
+  // Vocabulary rows and FFN hidden units (of the dense blocks, and of a MoE block's shared
+  // experts) split as torch.chunk does (⌈E/tp⌉ per rank): every rank must get at least one. The
+  // routed experts are whole on every tp rank.
+  const bool dense_blocks = a.num_moe_layers() < a.n_layers;
+  const int64_t shared = a.num_moe_layers() > 0 ? a.num_shared_experts * a.moe_inter_dim : 0;
   for (auto [key, what, extent] : {std::tuple{"model.vocab_size", "vocab_size", a.vocab_size},
-                                   std::tuple{"model.ffn_hidden_dim", "ffn_dim", a.ffn_dim()}})
-    if (d.tp > 1 && (d.tp - 1) * ((extent + d.tp - 1) / d.tp) >= extent)
+                                   std::tuple{"model.ffn_hidden_dim", "ffn_dim", dense_blocks ? a.ffn_dim() : 0},
+                                   std::tuple{"model.num_shared_experts", "num_shared_experts × moe_inter_dim", shared}})
+    if (d.tp > 1 && extent > 0 && (d.tp - 1) * ((extent + d.tp - 1) / d.tp) >= extent)
       fail(*this, key, std::string(what) + " " + str(extent) + " leaves tp rank " + str(d.tp - 1) + " of " +
                            str(d.tp) + " nothing to hold (split in chunks of ceil(" + what + " / tp) rows)");
   if (d.pp > 1) pipeline_stages(d);  // TorchTitan's split: every stage needs a share of the model
-  // The model families are dense: ep > 1 has no experts to shard (num_experts % ep, MoE needs pp = 1).
-  if (d.ep > 1)
+  if (d.ep > 1 && a.num_experts == 0)
     fail(*this, "parallelism.expert_parallel_degree",
-         "expert parallelism needs a Mixture-of-Experts model (num_experts % ep == 0); MoE is not implemented yet");
+         "expert parallelism needs a Mixture-of-Experts model ([model] num_experts > 0, num_experts % ep == 0)");
+  if (d.ep > 1 && (d.dp_shard * d.cp) % d.ep)
+    fail(*this, "parallelism.expert_parallel_degree",
+         "ep " + str(d.ep) + " does not divide dp_shard × cp = " + str(d.dp_shard) + " × " + str(d.cp) +
+             " (expert-parallel ranks are borrowed from the fsdp group, as in TorchTitan: (dp_shard × cp) % ep == 0)");
+  if (d.ep > 1 && a.num_experts % d.ep)
+    fail(*this, "parallelism.expert_parallel_degree",
+         "num_experts " + str(a.num_experts) + " is not divisible by ep " + str(d.ep) +
+             " (each ep rank holds num_experts / ep experts)");
+  if (debug.moe_force_load_balance && a.num_experts == 0)
+    fail(*this, "debug.moe_force_load_balance", "needs a Mixture-of-Experts model ([model] num_experts > 0)");
   const int64_t per_micro = training.local_batch_size * d.dp();
   if (training.global_batch_size > 0 && training.global_batch_size % per_micro)
     fail(*this, "training.global_batch_size",
@@ -206,6 +243,12 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
 
 ParallelDims JobConfig::validate(int64_t world_size) const {
   const ParallelDims d = validate_layout(world_size);
+  // Two FSDP instances (experts over efsdp, the rest over fsdp) share each unit's bf16 compute
+  // buffer, which assumes one instance per unit.
+  if (d.ep > 1 && training.mixed_precision_param == "bfloat16")
+    fail(*this, "parallelism.expert_parallel_degree",
+         "expert_parallel_degree " + str(d.ep) + " > 1 with [training] mixed_precision_param = \"bfloat16\" is not "
+         "implemented yet (expert parallelism trains in float32 for now)");
   if (!refusals.empty()) throw ConfigError(refusals.front());
   if (parallelism.zero_stage < 3 && d.dp_shard * d.cp == 1)
     fail(*this, "parallelism.zero_stage",

@@ -27,7 +27,7 @@ struct JobSection {
 /// [model]: name + flavor select a published shape; the other keys override single fields
 /// (a key left unset keeps the flavor's value).
 struct ModelSection {
-  std::string name = "llama3";      ///< llama3 | qwen3
+  std::string name = "llama3";      ///< llama3 | qwen3 | mixtral
   std::string flavor = "debugmodel";
   /// Folder of Hugging Face assets (tokenizer.model / tokenizer.json, ...): read by `meshtrain
   /// data prepare --hf-assets-path`, its tokenizer files copied by `ckpt export`; "" = none.
@@ -38,6 +38,11 @@ struct ModelSection {
   std::optional<bool> qk_norm, tie_word_embeddings, use_rope_scaling;
   std::optional<double> rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor;
   std::optional<int64_t> rope_original_max_seq_len;
+  // Mixture of Experts (model_args.hpp); unset keeps the flavor's value.
+  std::optional<int64_t> num_experts, top_k, num_shared_experts, moe_inter_dim, n_dense_layers, moe_layer_step;
+  std::string score_func;  ///< softmax | sigmoid; "" = the flavor's
+  std::optional<bool> route_norm;
+  std::optional<double> route_scale, load_balance_coeff, aux_loss_coeff, z_loss_coeff;
 };
 
 /// [optimizer]
@@ -136,6 +141,7 @@ struct MetricsSection {
   bool enable_tensorboard = false;  ///< TensorBoard event files with the log line's scalars
   std::string save_tb_folder = "tb";  ///< inside dump_folder (an absolute path is used as is)
   bool save_for_all_ranks = false;  ///< every rank writes its own event file (rank_<R>/), not only rank 0
+  int64_t moe_histogram_freq = 100;  ///< MoE: full tokens-per-expert histogram every N steps (at logged steps; 0 = never)
 };
 
 /// [profiling]: Chrome trace JSON of the executor's units and the collectives (TorchTitan's keys).
@@ -154,6 +160,9 @@ struct DebugSection {
   int64_t inject_nonfinite_grad_step = -1;
   int64_t inject_nonfinite_grad_rank = 0;  ///< world rank that poisons its gradient
   int64_t inject_nonfinite_grad_count = 1;  ///< consecutive steps poisoned, from inject_nonfinite_grad_step
+  /// MoE routing ignores the router's choice: token at sequence position t goes to experts
+  /// (t·top_k + j) % num_experts, j < top_k (TorchTitan's key; balanced, layout-independent).
+  bool moe_force_load_balance = false;
 };
 
 /// [validation]

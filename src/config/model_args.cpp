@@ -15,27 +15,58 @@ int64_t ModelArgs::ffn_dim() const {
 
 int64_t ModelArgs::num_embedding_params() const { return vocab_size * dim; }
 
-int64_t ModelArgs::num_params() const {
-  const int64_t q = dim * n_heads * head_dim, kv = 2 * dim * n_kv_heads * head_dim;
-  const int64_t o = n_heads * head_dim * dim;
-  const int64_t ffn = 3 * dim * ffn_dim();
-  const int64_t norms = 2 * dim + (qk_norm ? 2 * head_dim : 0);
-  const int64_t per_layer = q + kv + o + ffn + norms;
-  const int64_t output = tie_word_embeddings ? 0 : vocab_size * dim;
-  return num_embedding_params() + n_layers * per_layer + dim + output;
+bool ModelArgs::is_moe_layer(int64_t layer) const {
+  return num_experts > 0 && layer >= n_dense_layers && moe_layer_step > 0 &&
+         layer % moe_layer_step == moe_layer_step - 1;
 }
+
+int64_t ModelArgs::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < n_layers; ++i) n += is_moe_layer(i);
+  return n;
+}
+
+int64_t ModelArgs::moe_ffn_params() const {
+  return num_experts * dim + (num_experts + num_shared_experts) * 3 * dim * moe_inter_dim;
+}
+
+int64_t ModelArgs::moe_ffn_active_params() const {
+  return num_experts * dim + (top_k + num_shared_experts) * 3 * dim * moe_inter_dim;
+}
+
+namespace {
+// Parameters of the model with each MoE feed-forward counted as `moe_ffn`.
+int64_t params_with(const ModelArgs& a, int64_t moe_ffn) {
+  const int64_t q = a.dim * a.n_heads * a.head_dim, kv = 2 * a.dim * a.n_kv_heads * a.head_dim;
+  const int64_t o = a.n_heads * a.head_dim * a.dim;
+  const int64_t norms = 2 * a.dim + (a.qk_norm ? 2 * a.head_dim : 0);
+  const int64_t moe_layers = a.num_moe_layers();
+  const int64_t layers = a.n_layers * (q + kv + o + norms) + (a.n_layers - moe_layers) * 3 * a.dim * a.ffn_dim() +
+                         moe_layers * moe_ffn;
+  const int64_t output = a.tie_word_embeddings ? 0 : a.vocab_size * a.dim;
+  return a.num_embedding_params() + layers + a.dim + output;
+}
+}  // namespace
+
+int64_t ModelArgs::num_params() const { return params_with(*this, moe_ffn_params()); }
+
+int64_t ModelArgs::active_params() const { return params_with(*this, moe_ffn_active_params()); }
 
 int64_t ModelArgs::matmul_params() const {
   return num_params() - num_embedding_params() + (tie_word_embeddings ? vocab_size * dim : 0);
 }
 
+int64_t ModelArgs::active_matmul_params() const {
+  return active_params() - num_embedding_params() + (tie_word_embeddings ? vocab_size * dim : 0);
+}
+
 double ModelArgs::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(matmul_params()) +
+  return 6.0 * static_cast<double>(active_matmul_params()) +
          12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
 }
 
 double ModelArgs::flops_per_token_without_tied_output(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_params() - num_embedding_params()) +
+  return 6.0 * static_cast<double>(active_params() - num_embedding_params()) +
          12.0 * static_cast<double>(n_layers * n_heads * head_dim) * static_cast<double>(seq_len);
 }
 
@@ -79,6 +110,34 @@ ModelArgs qwen3(const char* flavor, int64_t dim, int64_t layers, int64_t heads, 
   return a;
 }
 
+// A Qwen3-MoE flavor (Qwen's Qwen3-30B-A3B / 235B-A22B config.json; TorchTitan's qwen3
+// debugmodel_moe): every block MoE, softmax top-k with renormalized gates, no shared expert.
+ModelArgs qwen3_moe(const char* flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t hidden,
+                    int64_t experts, int64_t top_k, int64_t moe_hidden, int64_t vocab, double theta) {
+  ModelArgs a = qwen3(flavor, dim, layers, heads, kv, 128, hidden, vocab, false);
+  a.rope_theta = theta;
+  a.num_experts = experts;
+  a.top_k = top_k;
+  a.moe_inter_dim = moe_hidden;
+  a.route_norm = true;
+  return a;
+}
+
+// Mixtral (Mistral AI's Mixtral-8x7B / 8x22B config.json; Jiang et al. 2024): Llama attention
+// and norms, every block 8 experts, softmax top-2, gates renormalized over the chosen two.
+ModelArgs mixtral(const char* flavor, int64_t dim, int64_t layers, int64_t heads, int64_t kv, int64_t hidden,
+                  int64_t experts, int64_t vocab) {
+  ModelArgs a = llama3(flavor, dim, layers, heads, kv, 0, 256, vocab, false, false, 8);
+  a.name = "mixtral";
+  a.ffn_hidden_dim = hidden;
+  a.rope_theta = 1000000.0;
+  a.num_experts = experts;
+  a.top_k = 2;
+  a.moe_inter_dim = hidden;
+  a.route_norm = true;
+  return a;
+}
+
 // Shapes from Meta's Llama 3 / 3.1 / 3.2 params.json (8B, 70B, 405B: 3.1; 1B, 3B: 3.2) and Qwen's
 // Qwen3 config.json files; the debug models are TorchTitan's. Vectors, not maps, so that
 // `meshtrain model list` shows the flavors smallest first as published.
@@ -99,7 +158,14 @@ const std::vector<std::pair<std::string, Flavors>>& table() {
         {"4B", qwen3("4B", 2560, 36, 32, 8, 128, 9728, 151936, true)},
         {"8B", qwen3("8B", 4096, 36, 32, 8, 128, 12288, 151936, false)},
         {"14B", qwen3("14B", 5120, 40, 40, 8, 128, 17408, 151936, false)},
-        {"32B", qwen3("32B", 5120, 64, 64, 8, 128, 25600, 151936, false)}}},
+        {"32B", qwen3("32B", 5120, 64, 64, 8, 128, 25600, 151936, false)},
+        {"debugmodel_moe", qwen3_moe("debugmodel_moe", 256, 8, 16, 8, 3072, 64, 8, 768, 2048, 1000000.0)},
+        {"30B-A3B", qwen3_moe("30B-A3B", 2048, 48, 32, 4, 6144, 128, 8, 768, 151936, 1000000.0)},
+        {"235B-A22B", qwen3_moe("235B-A22B", 4096, 94, 64, 4, 12288, 128, 8, 1536, 151936, 5000000.0)}}},
+      {"mixtral",
+       {{"debugmodel", mixtral("debugmodel", 256, 6, 16, 8, 512, 8, 2048)},
+        {"8x7B", mixtral("8x7B", 4096, 32, 32, 8, 14336, 8, 32000)},
+        {"8x22B", mixtral("8x22B", 6144, 56, 48, 8, 16384, 8, 32768)}}},
   };
   return t;
 }

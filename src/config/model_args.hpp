@@ -10,7 +10,7 @@ namespace meshtrain {
 
 /// Shape of one decoder model. Dimensions in elements; counts are per model.
 struct ModelArgs {
-  std::string name = "llama3";  ///< family: llama3 | qwen3
+  std::string name = "llama3";  ///< family: llama3 | qwen3 | mixtral
   std::string flavor = "debugmodel";
   int64_t dim = 256;            ///< model width D
   int64_t n_layers = 6;
@@ -29,6 +29,34 @@ struct ModelArgs {
   bool qk_norm = false;           ///< Qwen3 per-head RMSNorm on q and k
   bool tie_word_embeddings = false;
 
+  // ---- Mixture of Experts (num_experts == 0: every block has the dense FFN) ----
+  int64_t num_experts = 0;         ///< routed experts E per MoE block
+  int64_t top_k = 1;               ///< experts chosen per token (token choice, dropless)
+  int64_t num_shared_experts = 0;  ///< always-on experts, one SwiGLU FFN of num_shared_experts·moe_inter_dim
+  int64_t moe_inter_dim = 0;       ///< hidden width of each routed (and shared) expert
+  std::string score_func = "softmax";  ///< router scores: softmax | sigmoid
+  bool route_norm = false;         ///< chosen gates renormalized to sum 1
+  double route_scale = 1.0;        ///< gates multiplied by this
+  double load_balance_coeff = 1e-3;  ///< auxiliary-loss-free bias step (DeepSeek-V3); 0 = off
+  double aux_loss_coeff = 0;       ///< sequence-wise balance loss α (DeepSeek-V3 eq. 17); 0 = off
+  double z_loss_coeff = 0;         ///< router z-loss β (ST-MoE eq. 5); 0 = off
+  int64_t n_dense_layers = 0;      ///< the first n blocks keep the dense FFN (DeepSeek-V3's first_k_dense)
+  int64_t moe_layer_step = 1;      ///< after those, block i is MoE when i % step == step − 1 (Llama 4's interleave step)
+
+  /// Whether block `layer` has a MoE feed-forward (num_experts > 0, layer ≥ n_dense_layers and
+  /// layer % moe_layer_step == moe_layer_step − 1).
+  bool is_moe_layer(int64_t layer) const;
+  /// Number of MoE blocks.
+  int64_t num_moe_layers() const;
+  /// Parameters of one MoE feed-forward: router E·D, routed experts E·3·D·H_moe, shared experts
+  /// 3·D·(num_shared·H_moe). The expert bias is a buffer, not counted.
+  int64_t moe_ffn_params() const;
+  /// The part of moe_ffn_params() one token runs through: router, top_k experts, shared experts.
+  int64_t moe_ffn_active_params() const;
+  /// Parameters one token runs through: num_params() with each MoE block's routed experts
+  /// counted top_k times instead of E times (equal to num_params() for dense models).
+  int64_t active_params() const;
+
   /// FFN hidden width H. Llama (Meta's reference model.py): H = 2·(4D)/3, times
   /// ffn_dim_multiplier if set, rounded up to multiple_of; or ffn_hidden_dim when given.
   int64_t ffn_dim() const;
@@ -41,8 +69,11 @@ struct ModelArgs {
   /// embedding — tied or not, it is a [D] x [D, V] matmul per token (about 19% of Llama 3.2 1B's
   /// FLOPs). The norms' weights (a few D per layer) stay in, as in TorchTitan's count.
   int64_t matmul_params() const;
+  /// matmul_params() over active_params(): what one token's forward multiplies through.
+  int64_t active_matmul_params() const;
   /// Training FLOPs per token for sequences of `seq_len` tokens, the convention of TorchTitan and
-  /// PaLM (Chowdhery et al. 2022, appendix B): 6·N_matmul + 12·n_layers·n_heads·head_dim·seq_len
+  /// PaLM (Chowdhery et al. 2022, appendix B): 6·N_matmul + 12·n_layers·n_heads·head_dim·seq_len,
+  /// with N_matmul the active matmul parameters for MoE models (active FLOPs; MFU uses them)
   /// (forward + backward = 3 × forward, 2 FLOPs per multiply-add; attention scores and values at
   /// full length, no causal discount). MFU is computed from it.
   double flops_per_token(int64_t seq_len) const;
@@ -53,9 +84,10 @@ struct ModelArgs {
 };
 
 /// The published flavors of `name` (llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3:
-/// debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B).
+/// debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B, debugmodel_moe, 30B-A3B, 235B-A22B; mixtral:
+/// debugmodel, 8x7B, 8x22B).
 std::vector<std::string> model_flavors(const std::string& name);
-/// The known model families ("llama3", "qwen3").
+/// The known model families ("llama3", "qwen3", "mixtral").
 std::vector<std::string> model_names();
 /// Looks up a flavor. @throws std::out_of_range for an unknown name or flavor.
 ModelArgs model_flavor(const std::string& name, const std::string& flavor);

@@ -161,10 +161,10 @@ std::vector<Option> build_option_table() {
     Section<ModelSection> s{o, "model", &JobConfig::model};
     // Free text checked by a rule rather than choices, so that TorchTitan's other models reach
     // JobConfig::model_args() and get "not implemented yet" instead of "not allowed".
-    s.str("name", &ModelSection::name, "model family", {}, "llama3 | qwen3").rule = [](const OptionValue& v) {
-      static const std::vector<std::string> known = {"llama3", "qwen3", "deepseek_v3", "llama4",
+    s.str("name", &ModelSection::name, "model family", {}, "llama3 | qwen3 | mixtral").rule = [](const OptionValue& v) {
+      static const std::vector<std::string> known = {"llama3", "qwen3", "mixtral", "deepseek_v3", "llama4",
                                                      "gpt_oss", "flux",  "llama3_ft",   "vlm"};
-      return std::find(known.begin(), known.end(), v.text) != known.end() ? "" : std::string("must be one of llama3 | qwen3");
+      return std::find(known.begin(), known.end(), v.text) != known.end() ? "" : std::string("must be one of llama3 | qwen3 | mixtral");
     };
     s.str("flavor", &ModelSection::flavor,
           "published shape of the family (`meshtrain model list`); the [model] keys below override single fields", {},
@@ -197,6 +197,29 @@ std::vector<Option> build_option_table() {
                "RoPE scaling: high-frequency factor (> rope_low_freq_factor)", F, 0.0, true);
     s.optional("rope_original_max_seq_len", &ModelSection::rope_original_max_seq_len,
                "RoPE scaling: context length the model was pretrained with", F, 1);
+    s.optional("num_experts", &ModelSection::num_experts,
+               "routed experts per MoE block (Mixture of Experts; 0 = every block dense)", F, 0);
+    s.optional("top_k", &ModelSection::top_k, "experts chosen per token (token choice, dropless); <= num_experts", F, 1);
+    s.optional("num_shared_experts", &ModelSection::num_shared_experts,
+               "always-on experts per MoE block (one SwiGLU FFN of num_shared_experts × moe_inter_dim)", F, 0);
+    s.optional("moe_inter_dim", &ModelSection::moe_inter_dim, "hidden width of each routed and shared expert", F, 1);
+    s.str("score_func", &ModelSection::score_func, "router scores: softmax over the experts or sigmoid per expert, in float32",
+          {"softmax", "sigmoid"});
+    o.back().default_text = F;
+    o.back().get = [](const JobConfig& c) {  // unset ("") prints nothing, like the optional keys
+      return c.model.score_func.empty() ? std::string() : toml::quote(c.model.score_func);
+    };
+    s.optional("route_norm", &ModelSection::route_norm, "renormalize the chosen gates to sum 1", F);
+    s.optional("route_scale", &ModelSection::route_scale, "gates multiplied by this (after route_norm)", F, 0.0, true);
+    s.optional("load_balance_coeff", &ModelSection::load_balance_coeff,
+               "auxiliary-loss-free balancing (DeepSeek-V3): per-expert bias step per optimizer step; 0 = off", F, 0.0);
+    s.optional("aux_loss_coeff", &ModelSection::aux_loss_coeff,
+               "sequence-wise balance loss coefficient (DeepSeek-V3 eq. 17); 0 = off", F, 0.0);
+    s.optional("z_loss_coeff", &ModelSection::z_loss_coeff, "router z-loss coefficient (ST-MoE); 0 = off", F, 0.0);
+    s.optional("n_dense_layers", &ModelSection::n_dense_layers,
+               "the first n blocks keep the dense FFN (ffn_hidden_dim wide)", F, 0);
+    s.optional("moe_layer_step", &ModelSection::moe_layer_step,
+               "after the dense ones, block i is MoE when i % moe_layer_step == moe_layer_step - 1 (1 = all)", F, 1);
   }
   {
     Section<OptimizerSection> s{o, "optimizer", &JobConfig::optimizer};
@@ -300,7 +323,8 @@ std::vector<Option> build_option_table() {
           "sequence shards to head shards (n_heads and n_kv_heads divisible by cp × tp)",
           {"allgather", "alltoall", "ulysses"});
     s.integer("expert_parallel_degree", &ParallelismSection::expert_parallel_degree,
-              "expert-parallel degree, MoE only (> 1 not implemented yet)", 1);
+              "expert-parallel degree, MoE only: ep ranks borrowed from dp_shard × cp (which ep divides), each "
+              "holding num_experts / ep experts sharded over the rest; float32 only for now", 1);
     s.integer("zero_stage", &ParallelismSection::zero_stage,
               "what dp_shard > 1 shards: 1 optimizer state (ZeRO-1), 2 + gradients (ZeRO-2), 3 + parameters (FSDP)", 1, 3);
     s.str("fsdp_reshard_after_forward", &ParallelismSection::fsdp_reshard_after_forward,
@@ -332,6 +356,10 @@ std::vector<Option> build_option_table() {
           "TensorBoard folder inside dump_folder (an absolute path is used as is)", {}, "path");
     s.boolean("save_for_all_ranks", &MetricsSection::save_for_all_ranks,
               "TensorBoard: every rank writes its own event file (save_tb_folder/rank_<R>), not only rank 0");
+    s.integer("moe_histogram_freq", &MetricsSection::moe_histogram_freq,
+              "MoE models: the full tokens-per-expert histogram of every MoE layer goes into metrics.jsonl at logged "
+              "steps that are multiples of this (0 = never; min / max / cv are written at every logged step)",
+              0);
   }
   {
     Section<ProfilingSection> s{o, "profiling", &JobConfig::profiling};
@@ -391,6 +419,9 @@ std::vector<Option> build_option_table() {
               "fault injection: the world rank whose gradient is made NaN", 0);
     s.integer("inject_nonfinite_grad_count", &DebugSection::inject_nonfinite_grad_count,
               "fault injection: consecutive steps poisoned, from inject_nonfinite_grad_step", 1);
+    s.boolean("moe_force_load_balance", &DebugSection::moe_force_load_balance,
+              "MoE routing ignores the router: the token at sequence position t goes to experts (t·top_k + j) % "
+              "num_experts (balanced; for tests and benchmarks)");
   }
   return o;
 }

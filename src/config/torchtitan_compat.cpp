@@ -92,8 +92,9 @@ std::string torchtitan_compat_markdown() {
          "is the float32 CPU reference, where bfloat16 is refused.\n"
          "3. An override for each refused value it uses: `--activation_checkpoint.selective_ac_option=2` for "
          "`\"op\"`, `--model.converters=` for `[\"float8\"]`, `--parallelism.enable_async_tensor_parallel=false`. "
-         "The Mixture-of-Experts presets (qwen3 debugmodel_moe, deepseek_v3, llama4, gpt_oss) are refused: MoE is "
-         "not implemented yet.\n\n"
+         "The qwen3 Mixture-of-Experts presets (debugmodel_moe, 30B-A3B, 235B-A22B) run with "
+         "expert_parallel_degree = 1 (every expert on every rank); deepseek_v3, llama4 and gpt_oss are refused "
+         "(not implemented yet).\n\n"
          "Defaults: an unset key takes meshtrain's default (column \"meshtrain default\"), in bold where it differs "
          "from TorchTitan's. \"-\" marks a TorchTitan-only key, which has no meshtrain field: unset, it has no "
          "effect. `(flavor)`: the model flavor's value; `(unset)`: unset (TorchTitan's `None`).\n";

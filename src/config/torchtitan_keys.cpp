@@ -142,12 +142,11 @@ class Table {
   }
 };
 
-const std::string kMoe =
-    "applies only to Mixture-of-Experts models (not implemented yet); llama3 and qwen3 are dense";
 const std::string kFloat8 = "applies only to float8 training (model.converters), which is not implemented yet";
 const std::string kMx = "applies only to MX (mxfp8) training (model.converters), which is not implemented yet";
 const std::string kGroupedMm =
-    "applies only to the grouped GEMMs of Mixture-of-Experts models, which are not implemented yet";
+    "applies only to low-precision (float8 / MX) grouped GEMMs of Mixture-of-Experts models, which are not "
+    "implemented yet; meshtrain's grouped GEMMs run in the compute dtype";
 const std::string kNoCompile = "there is no torch.compile here: meshtrain's kernels are always fused";
 const std::string kNoGc = "meshtrain has no Python garbage collector; memory is freed when tensors go out of scope";
 const std::string kNoWorkers = "meshtrain's loader reads the token store in the training process (no worker processes)";
@@ -226,10 +225,10 @@ Table build_table() {
 
   t.in("model");
   t.shared("name", "\"llama3\"",
-           honoured("deepseek_v3, llama4, gpt_oss (Mixture-of-Experts), flux, llama3_ft: refused, not implemented "
-                    "yet"));
+           honoured("meshtrain adds mixtral; deepseek_v3, llama4, gpt_oss (Mixture-of-Experts), flux, llama3_ft: "
+                    "refused, not implemented yet"));
   t.shared("flavor", "\"debugmodel\"",
-           honoured("qwen3 debugmodel_moe / 30B-A3B / 235B-A22B (Mixture-of-Experts) and llama3 "
+           honoured("qwen3 debugmodel_moe / 30B-A3B / 235B-A22B are the Mixture-of-Experts flavors; llama3 "
                     "debugmodel_flex_attn / debugmodel_varlen_attn / 8B_flex / 8B_varlen: refused, not implemented yet"));
   t.shared("hf_assets_path", "\"./tests/assets/tokenizer\"",
            honoured("`meshtrain data prepare --hf-assets-path` reads its tokenizer.model and `ckpt export` copies its "
@@ -324,15 +323,24 @@ Table build_table() {
   t.shared("pipeline_parallel_schedule_csv", "\"\"",
            honoured("pipeline_parallel_schedule still sets the stages per rank and their placement, as in TorchTitan"));
   t.shared("pipeline_parallel_microbatch_size", "1");
-  t.boolean("pipeline_parallel_expert_parallel_overlap", "true", notice(kMoe));
+  t.boolean("pipeline_parallel_expert_parallel_overlap", "true",
+            notice_if_true("meshtrain does not overlap the experts' all-to-all of one micro-batch with another's "
+                           "compute (DualPipeV style); the key has no effect"));
   t.shared("context_parallel_degree", "1", honoured("ring attention over the cp group; parameters sharded over "
                                                     "dp_shard × cp"));
   t.shared("context_parallel_load_balancer", "\"headtail\"",
            honoured("\"none\" stands for TorchTitan's None; \"ptrr\" (FlexAttention's) is not offered"));
   t.shared("context_parallel_rotate_method", "\"allgather\"", honoured("meshtrain adds \"ulysses\""));
-  t.shared("expert_parallel_degree", "1", honoured("> 1: refused (Mixture-of-Experts is not implemented yet)"));
-  t.integer("expert_tensor_parallel_degree", "1", notice(kMoe), 1);
-  t.str("expert_parallel_comm_backend", "\"standard\"", notice(kMoe), {"standard", "deepep"});
+  t.shared("expert_parallel_degree", "1",
+           honoured("ep ranks borrowed from dp_shard × cp as in TorchTitan; with bfloat16 mixed precision > 1 is "
+                    "refused (not implemented yet)"));
+  t.integer("expert_tensor_parallel_degree", "1",
+            refused_unless("1", "expert tensor parallelism is not implemented yet: under tp meshtrain keeps each "
+                                "expert whole on every tp rank"),
+            1);
+  t.str("expert_parallel_comm_backend", "\"standard\"",
+        refused_unless("standard", "DeepEP dispatch is not implemented yet (meshtrain has the standard all-to-all)"),
+        {"standard", "deepep"});
 
   t.in("checkpoint");
   t.shared("enable", "false");
@@ -502,8 +510,9 @@ Table build_table() {
             notice_if_false("meshtrain's kernels are always deterministic (fixed reduction order)"));
   t.boolean("deterministic_warn_only", "false",
             notice_if_true("every meshtrain kernel is deterministic; there is nothing to warn about"));
-  t.boolean("moe_force_load_balance", "false",
-            refused_if_true("Mixture-of-Experts models are not implemented yet"));
+  t.shared("moe_force_load_balance", "false",
+           honoured("round-robin by sequence position, (t·top_k + j) % num_experts, so every layout routes alike "
+                    "(TorchTitan counts the rank's local tokens)"));
   return t;
 }
 

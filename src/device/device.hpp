@@ -32,6 +32,28 @@ struct AdamWSegment {
 /// every key; kCausal, the diagonal block of a causal sequence (query t sees keys s ≤ t).
 enum class AttentionMask { kNone, kCausal };
 
+/// Score function of a Mixture-of-Experts router: softmax over the experts (Qwen3-MoE, Mixtral)
+/// or an independent sigmoid per expert (DeepSeek-V3).
+enum class MoeScoreFunc { kSoftmax, kSigmoid };
+
+/// Token-choice top-k routing (Device::moe_router_forward; Shazeer et al. 2017, with the
+/// gate rules of DeepSeek-V3, Liu et al. 2024, eq. 12-16).
+struct MoeRouting {
+  MoeScoreFunc score_func = MoeScoreFunc::kSoftmax;
+  int64_t top_k = 1;
+  bool route_norm = false;   ///< chosen gates divided by their sum (+ 1e-20), as TorchTitan
+  float route_scale = 1.0f;  ///< gates multiplied by this after route_norm
+};
+
+/// The three products of a grouped GEMM over row groups (Device::grouped_matmul): group g
+/// owns rows [o_g, o_g + counts[g]) of the token-major operands and slab g of the grouped
+/// weight W [G, P, Q].
+enum class GroupedGemm {
+  kForward,        ///< C[rows_g, P] = A[rows_g, Q] · W_gᵀ            (y = x·Wᵀ per expert)
+  kBackwardInput,  ///< C[rows_g, Q] = A[rows_g, P] · W_g             (dx = dy·W)
+  kBackwardWeight  ///< W_g[P, Q] += A[rows_g, P]ᵀ · B[rows_g, Q]   (dW += dyᵀ·x; C unused)
+};
+
 /// {M, N, K} of C[M, N] = op(A)[M, K] · op(B)[K, N] (Device::matmul's operands).
 /// @throws std::invalid_argument unless A, B, C are 2-D with matching extents.
 struct MatmulDims {
@@ -155,6 +177,60 @@ class Device {
   virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                         AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
                                         const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+  // ---- Mixture of Experts ----
+  /// Router of a MoE layer. logits f32 [N, E] (the gate's x·Wᵀ); scores f32 [N, E] receives
+  /// softmax(logits) per row or sigmoid(logits) per element (r.score_func). With `select` the
+  /// experts of token n are the top_k largest of scores[n, :] + bias (bias f32 [E], used only to
+  /// choose, DeepSeek-V3's auxiliary-loss-free balancing; undefined = 0), in descending order,
+  /// ties to the lower expert index, written to topk i32 [N, k]; without it topk is an input
+  /// (e.g. round-robin routing for tests). gates f32 [N, k] = route_scale · scores[n, topk]
+  /// (divided by their row sum + 1e-20 when route_norm): the unbiased scores.
+  /// @throws std::invalid_argument on mismatched shapes or top_k outside [1, E].
+  virtual void moe_router_forward(const Tensor& logits, const Tensor& bias, const MoeRouting& r, bool select,
+                                  const Tensor& scores, const Tensor& topk, const Tensor& gates) = 0;
+  /// Backward of moe_router_forward: from dgates f32 [N, k] (and dscores_extra f32 [N, E], a
+  /// gradient reaching the scores directly, e.g. from the balance loss; undefined = 0) writes
+  /// dlogits f32 [N, E] (overwritten) through route_scale, route_norm and the score function.
+  /// scores and topk are the forward's. @throws std::invalid_argument on mismatched shapes.
+  virtual void moe_router_backward(const Tensor& dgates, const Tensor& scores, const Tensor& topk,
+                                   const MoeRouting& r, const Tensor& dscores_extra, const Tensor& dlogits) = 0;
+  /// Router z-loss (Zoph et al. 2022, ST-MoE, eq. 5) before its coefficient and mean: returns
+  /// Σ_n lse_n² (fp64, fixed order) with lse_n = log Σ_e exp(logits[n, e]); when dlogits f32
+  /// [N, E] is defined it accumulates grad_scale · 2·lse_n·softmax(logits[n, :]).
+  virtual double moe_z_loss(const Tensor& logits, float grad_scale, const Tensor& dlogits) = 0;
+  /// Per-sequence score sums of the sequence-wise balance loss (DeepSeek-V3, eq. 17-20):
+  /// sums f32 [S, E] (overwritten) [s, e] = Σ_{n: sample[n] = s} s'[n, e], where s' = scores
+  /// for softmax and scores / Σ_e scores[n, e] for sigmoid; scores f32 [N, E], sample i32 [N]
+  /// in [0, S). Summed in row order. @throws std::invalid_argument on mismatched shapes.
+  virtual void moe_aux_stats(const Tensor& scores, const Tensor& sample, MoeScoreFunc f, const Tensor& sums) = 0;
+  /// Gradient of Σ_n Σ_e coef[sample[n], e] · s'[n, e] w.r.t. scores: dscores f32 [N, E]
+  /// (overwritten); coef f32 [S, E], other operands as moe_aux_stats.
+  virtual void moe_aux_backward(const Tensor& coef, const Tensor& sample, const Tensor& scores, MoeScoreFunc f,
+                                const Tensor& dscores) = 0;
+  /// dst[r, :] = src[index[r], :]: src [N, D], index i32 [R] in [0, N), dst [R, D] (same dtype;
+  /// the dispatch of tokens into expert order). @throws std::invalid_argument on mismatched
+  /// shapes; std::out_of_range for an index outside [0, N).
+  virtual void gather_rows(const Tensor& src, const Tensor& index, const Tensor& dst) = 0;
+  /// Combine of the expert outputs into token order: out[n, :] = Σ_j g[n, j] · y[rows[n, j], :]
+  /// summed in j order, in f32 (y, out [R, D] / [N, D] in the activation dtype; rows i32 [N, k]
+  /// in [0, R); gates f32 [N, k], undefined = all ones, which makes this the backward of
+  /// gather_rows). Gather-based: no atomics, deterministic. @throws std::invalid_argument on
+  /// mismatched shapes.
+  virtual void moe_combine(const Tensor& y, const Tensor& rows, const Tensor& gates, const Tensor& out) = 0;
+  /// Backward of moe_combine with gates: dy[rows[n, j], :] = g[n, j] · dout[n, :] (dy [R, D]
+  /// overwritten; every row of dy must appear once in rows) and dgates f32 [N, k] =
+  /// Σ_d dout[n, d] · y[rows[n, j], d] (f32 accumulation). @throws std::invalid_argument on
+  /// mismatched shapes.
+  virtual void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& rows, const Tensor& gates,
+                                    const Tensor& dy, const Tensor& dgates) = 0;
+  /// Grouped GEMM over row groups (the experts' FFN over tokens sorted by expert; `form` says
+  /// which product). a [R, ·], w [G, P, Q], c [R, ·] (kForward, kBackwardInput; overwritten) or
+  /// b [R, Q] (kBackwardWeight, w accumulates); R = Σ counts, counts[g] ≥ 0 rows per group on
+  /// the host. dtypes as matmul. This default runs one matmul per non-empty group on views;
+  /// backends may override it with a grouped kernel of the same arithmetic.
+  /// @throws std::invalid_argument on mismatched shapes or counts.
+  virtual void grouped_matmul(GroupedGemm form, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                              const std::vector<int64_t>& counts);
   /// SwiGLU (Shazeer 2020): y = silu(a) ⊙ b; a, b, y [N, H].
   virtual void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) = 0;
   /// da, db [N, H] overwritten.

@@ -49,6 +49,42 @@ double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vecto
   return s;
 }
 
+void Device::grouped_matmul(GroupedGemm form, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
+                            const std::vector<int64_t>& counts) {
+  if (w.ndim() != 3 || int64_t(counts.size()) != w.dim(0))
+    throw std::invalid_argument("grouped_matmul: weight " + shape_str(w.shape()) + " is not [G, P, Q] for " +
+                                std::to_string(counts.size()) + " groups");
+  const int64_t p = w.dim(1), q = w.dim(2);
+  const bool weight = form == GroupedGemm::kBackwardWeight;
+  const Tensor& out = weight ? b : c;  // the second token-major operand
+  const int64_t a_cols = form == GroupedGemm::kForward ? q : p;
+  const int64_t o_cols = form == GroupedGemm::kBackwardInput || weight ? q : p;
+  int64_t rows = 0;
+  for (int64_t n : counts) {
+    if (n < 0) throw std::invalid_argument("grouped_matmul: negative group count " + std::to_string(n));
+    rows += n;
+  }
+  if (a.ndim() != 2 || out.ndim() != 2 || a.dim(0) != rows || out.dim(0) != rows || a.dim(1) != a_cols ||
+      out.dim(1) != o_cols)
+    throw std::invalid_argument("grouped_matmul: operands " + shape_str(a.shape()) + " and " +
+                                shape_str(out.shape()) + " do not match weight " + shape_str(w.shape()) + " over " +
+                                std::to_string(rows) + " rows");
+  int64_t first = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t n = counts[g];
+    if (n == 0) continue;
+    const Tensor wg = w.view({p, q}, int64_t(g) * p * q);
+    const Tensor ag = a.view({n, a_cols}, first * a_cols);
+    const Tensor og = out.view({n, o_cols}, first * o_cols);
+    switch (form) {
+      case GroupedGemm::kForward: matmul(ag, false, wg, true, og, 1.0f, 0.0f); break;
+      case GroupedGemm::kBackwardInput: matmul(ag, false, wg, false, og, 1.0f, 0.0f); break;
+      case GroupedGemm::kBackwardWeight: matmul(ag, true, og, false, wg, 1.0f, 1.0f); break;
+    }
+    first += n;
+  }
+}
+
 MatmulDims matmul_dims(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c) {
   if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2)
     throw std::invalid_argument("matmul needs 2-D tensors, got " + shape_str(a.shape()) + " " + shape_str(b.shape()) +

@@ -14,14 +14,15 @@ namespace {
 
 // Mesh axes (MeshCoord indices) that make up each dimension.
 const std::vector<int>& axes_of(MeshDim d) {
-  static const std::vector<int> table[kNumMeshDims] = {{0}, {1}, {2}, {3}, {4}, {1, 2}, {2, 3}, {1, 2, 3}};
+  // ep and efsdp split the fsdp axes (dp_shard, cp) by key: RankLayout::color / key.
+  static const std::vector<int> table[kNumMeshDims] = {{0}, {1}, {2}, {3}, {4}, {1, 2}, {2, 3}, {1, 2, 3}, {2, 3}, {2, 3}};
   return table[int(d)];
 }
 
 }  // namespace
 
 const char* mesh_dim_name(MeshDim d) {
-  static const char* names[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "fsdp", "loss"};
+  static const char* names[] = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "fsdp", "loss", "ep", "efsdp"};
   return names[int(d)];
 }
 
@@ -84,6 +85,11 @@ int64_t RankLayout::pp_next(int64_t rank) const {
 }
 
 int64_t RankLayout::color(MeshDim d, int64_t rank) const {
+  if (d == MeshDim::kEP || d == MeshDim::kEFSDP) {
+    const int64_t ep = std::max<int64_t>(dims_.ep, 1), f = key(MeshDim::kFSDP, rank);
+    const int64_t outer = color(MeshDim::kFSDP, rank);
+    return d == MeshDim::kEP ? outer * (dims_.dp_shard * dims_.cp / ep) + f / ep : outer * ep + f % ep;
+  }
   const auto& in = axes_of(d);
   const auto deg = degrees();
   const MeshCoord& c = coords_[size_t(rank)];
@@ -94,6 +100,10 @@ int64_t RankLayout::color(MeshDim d, int64_t rank) const {
 }
 
 int64_t RankLayout::key(MeshDim d, int64_t rank) const {
+  if (d == MeshDim::kEP || d == MeshDim::kEFSDP) {
+    const int64_t ep = std::max<int64_t>(dims_.ep, 1), f = key(MeshDim::kFSDP, rank);
+    return d == MeshDim::kEP ? f % ep : f / ep;
+  }
   const auto deg = degrees();
   const MeshCoord& c = coords_[size_t(rank)];
   int64_t v = 0;
@@ -116,6 +126,9 @@ GroupSpan RankLayout::span(MeshDim d) const {
   GroupSpan s;
   s.size = 1;
   for (int axis : axes_of(d)) s.size *= degrees()[size_t(axis)];
+  const int64_t ep = std::max<int64_t>(dims_.ep, 1);
+  if (d == MeshDim::kEP) s.size = ep;
+  if (d == MeshDim::kEFSDP) s.size /= ep;
   s.groups = world() / s.size;
   // One pass: the first node and rack seen per group, and whether any member differs.
   std::vector<int64_t> node(size_t(s.groups), -1), rack(size_t(s.groups), -1);

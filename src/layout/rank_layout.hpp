@@ -21,10 +21,15 @@ enum class MeshDim : int {
   kDP,    ///< dp_replicate × dp_shard: data loading
   kFSDP,  ///< dp_shard × cp: parameter sharding
   kLoss,  ///< dp_replicate × dp_shard × cp: loss and token-count reduction
+  /// Expert parallelism, ep ranks borrowed from the fsdp group (TorchTitan's rule: ep divides
+  /// dp_shard × cp and does not multiply the world): the ep innermost ranks of each fsdp group
+  /// (fsdp key % ep), which hold different experts and exchange tokens.
+  kEP,
+  kEFSDP,  ///< the rest of the fsdp group (fsdp key / ep): ranks holding the same experts, which shard them
   kCount
 };
 constexpr int kNumMeshDims = static_cast<int>(MeshDim::kCount);
-const char* mesh_dim_name(MeshDim d);  ///< "pp", "dp_replicate", …, "loss"
+const char* mesh_dim_name(MeshDim d);  ///< "pp", "dp_replicate", …, "loss", "ep", "efsdp"
 
 /// Coordinates of one rank on the five mesh axes (pp, dp_replicate, dp_shard, cp, tp).
 using MeshCoord = std::array<int64_t, 5>;

@@ -7,6 +7,7 @@
 
 #include "device/device.hpp"
 #include "model/parameter.hpp"
+#include "model/expert_parallel.hpp"
 #include "model/tensor_parallel.hpp"
 #include "parallel/context/context_parallel.hpp"
 
@@ -38,6 +39,7 @@ struct StepContext {
   Device* dev = nullptr;
   TensorParallel tp;         ///< the layers' tensor-parallel group (size 1: none)
   ContextParallel cp;        ///< the cp group (size 1: the whole sequence on this rank)
+  ExpertParallel ep;         ///< the ep group of the MoE layers (size 1: every expert here)
   SequenceShard shard;       ///< this rank's chunks of each sample (one chunk of T when cp = 1)
   int64_t batch = 0;         ///< B, samples in this micro-batch
   int64_t seq_len = 0;       ///< tokens per sample on this rank: T, or T / cp (shard.local_len())
@@ -51,6 +53,9 @@ struct StepContext {
   DType act_dtype = DType::kF32;
   double loss_sum = 0;       ///< output: Σ CE over this micro-batch's targets (nats)
   int64_t num_targets = 0;   ///< output: targets counted in loss_sum
+  /// MoE blocks route round-robin by sequence position instead of by score ([debug]
+  /// moe_force_load_balance).
+  bool moe_force_load_balance = false;
   WeightGradQueue* defer_weight_grads = nullptr;  ///< set: layers record dW terms here instead of computing them (split backward)
 };
 

@@ -19,7 +19,24 @@ void split_tensor_parallel(Parameter& p, int dim, int64_t tp, int64_t rank) {
   p.local_shape[size_t(dim)] = count;
 }
 
+void split_expert_parallel(Parameter& p, int64_t ep, int64_t rank) {
+  if (ep == 1) return;
+  if (p.shape.empty() || p.shape[0] % ep || rank < 0 || rank >= ep)
+    throw std::invalid_argument(p.name + ": " + std::to_string(p.shape.empty() ? 0 : p.shape[0]) +
+                                " experts do not split over ep " + std::to_string(ep) + " (rank " +
+                                std::to_string(rank) + ")");
+  const int64_t local = p.shape[0] / ep;
+  p.sharding.ep_size = ep;
+  p.sharding.ep_first = rank * local;
+  p.local_shape[0] = local;
+}
+
 int64_t global_flat_index(const Parameter& p, int64_t i) {
+  if (p.sharding.expert_parallel()) {  // experts first, whole: an offset of ep_first experts
+    int64_t per_expert = 1;
+    for (size_t k = 1; k < p.shape.size(); ++k) per_expert *= p.shape[k];
+    return p.sharding.ep_first * per_expert + i;
+  }
   const int d = p.sharding.tp_dim;
   if (d < 0) return i;
   int64_t inner = 1;

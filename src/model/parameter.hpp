@@ -33,6 +33,13 @@ struct ShardingSpec {
   /// tok_embeddings.weight on the last stage): its gradient is summed with the original's, it
   /// is updated identically, and it is neither written to checkpoints nor counted in the norm.
   bool tied_copy = false;
+  /// Expert parallelism: a routed-expert weight ([E, …], experts first) of which this ep rank
+  /// holds the experts [ep_first, ep_first + E/ep) (ep_size > 1). Its gradients are summed over
+  /// the ranks holding the same experts (efsdp × dp_replicate), and the gradient norm counts it
+  /// over efsdp and ep instead of fsdp.
+  int64_t ep_size = 1;
+  int64_t ep_first = 0;
+  bool expert_parallel() const { return ep_size > 1; }
 };
 
 /// A model weight. `value` and `grad` are views into the model's flat parameter and gradient
@@ -79,6 +86,11 @@ inline std::pair<int64_t, int64_t> chunk_range(int64_t extent, int64_t parts, in
 /// slab (chunk_range). No-op for tp == 1. @throws std::invalid_argument for a bad dim or a
 /// rank that would hold nothing (config validation rejects such models first).
 void split_tensor_parallel(Parameter& p, int dim, int64_t tp, int64_t rank);
+
+/// Splits the expert-first `p` ([E, …]) over an ep group of `ep` ranks: rank `rank` holds
+/// experts [rank·E/ep, (rank+1)·E/ep). No-op for ep == 1. @throws std::invalid_argument when ep
+/// does not divide E (config validation rejects such models first).
+void split_expert_parallel(Parameter& p, int64_t ep, int64_t rank);
 
 /// The global flat (row-major) index of element `local_index` of p's tp-local tensor.
 int64_t global_flat_index(const Parameter& p, int64_t local_index);

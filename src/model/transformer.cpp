@@ -27,8 +27,13 @@ bool ModelPart::is_whole(const ModelArgs& args) const {
 }
 
 Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storage, const TensorParallel& tp,
-                         DType compute_dtype, const ModelPart* part)
-    : args_(args), part_(part ? *part : ModelPart::whole(args)), dev_(dev), tp_(tp), compute_dtype_(compute_dtype) {
+                         DType compute_dtype, const ModelPart* part, const ExpertParallel& ep)
+    : args_(args),
+      part_(part ? *part : ModelPart::whole(args)),
+      dev_(dev),
+      tp_(tp),
+      ep_(ep),
+      compute_dtype_(compute_dtype) {
   if (compute_dtype != DType::kF32 && compute_dtype != DType::kBF16)
     throw std::invalid_argument(std::string("Transformer: compute dtype ") + dtype_name(compute_dtype) +
                                 " (float32 or bfloat16)");
@@ -44,7 +49,11 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
     tied = &emb->weight;
     owned_.push_back(std::move(emb));
   }
-  for (int64_t i : part_.layers) owned_.push_back(std::make_unique<TransformerBlock>(args, int(i), tp));
+  for (int64_t i : part_.layers) {
+    auto block = std::make_unique<TransformerBlock>(args, int(i), tp, ep);
+    if (block->moe()) moe_layers_.push_back(block->moe());
+    owned_.push_back(std::move(block));
+  }
   if (part_.head) owned_.push_back(std::make_unique<OutputHead>(args, tied, tp));
   int64_t total = 0;
   for (auto& u : owned_) {
@@ -166,12 +175,14 @@ StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t
   ctx.dev = &dev_;
   ctx.tp = tp_;
   ctx.cp = cp_;
+  ctx.ep = ep_;
   ctx.shard = shard;
   ctx.batch = n;
   ctx.seq_len = local;
   ctx.loss_grad_scale = loss_grad_scale;
   ctx.need_backward = need_backward;
   ctx.act_dtype = compute_dtype_;
+  ctx.moe_force_load_balance = moe_force_load_balance_;
   std::tie(ctx.rope_cos, ctx.rope_sin) = rope_tables(t);
   ctx.tokens = dev_.empty({n * local}, DType::kI32, MemCategory::kActivations);
   ctx.targets = dev_.empty({n * local}, DType::kI32, MemCategory::kActivations);

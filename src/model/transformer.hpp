@@ -11,6 +11,8 @@
 
 namespace meshtrain {
 
+class MoE;  // model/layers/moe.hpp
+
 /// Which replicated (full, unsharded) buffers the model allocates itself. Sharded data
 /// parallelism leaves out what it shards: ZeRO-2 the gradients, FSDP (ZeRO-3) both; it then
 /// binds Parameter::value / grad to its own per-unit buffers while a unit is gathered.
@@ -49,8 +51,10 @@ class Transformer {
   /// `part` (default: the whole model) selects the blocks, embedding and head built here.
   /// @throws std::invalid_argument also for a part naming a block outside [0, n_layers), out of
   /// order, or holding nothing.
+  /// `ep` (default: size 1) splits the MoE blocks' routed experts over an expert-parallel group
+  /// (each rank builds E/ep of them) and is the group make_context hands the layers.
   Transformer(const ModelArgs& args, Device& dev, ModelStorage storage = {}, const TensorParallel& tp = {},
-              DType compute_dtype = DType::kF32, const ModelPart* part = nullptr);
+              DType compute_dtype = DType::kF32, const ModelPart* part = nullptr, const ExpertParallel& ep = {});
 
   /// Layer-independent initialization: element i of parameter p is a pure function of
   /// (seed, p.name, i) (model/init.hpp), so every layout starts from identical weights.
@@ -62,6 +66,7 @@ class Transformer {
   /// The device holding this model's tensors.
   Device& device() const { return dev_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
   /// Splits each sample's sequence over `cp` in make_context (default: size 1, whole sequences).
   /// The parameters do not depend on it. Throws nothing.
   void set_context_parallel(const ContextParallel& cp) { cp_ = cp; }
@@ -96,6 +101,11 @@ class Transformer {
   /// head of a part without the embedding (pipeline parallelism): the first stage's is the
   /// original, written to checkpoints and counted once in the gradient norm.
   bool is_tied_copy(const Parameter* p) const { return p->sharding.tied_copy; }
+  /// The MoE layers of this part's blocks, in block order (empty for a dense model).
+  const std::vector<MoE*>& moe_layers() const { return moe_layers_; }
+  /// MoE blocks route round-robin by position ([debug] moe_force_load_balance) in every
+  /// context make_context builds from now on. Throws nothing.
+  void set_moe_force_load_balance(bool on) { moe_force_load_balance_ = on; }
   /// Looks up a parameter by name; nullptr when absent.
   Parameter* find(const std::string& name) const;
 
@@ -125,8 +135,11 @@ class Transformer {
   Device& dev_;
   TensorParallel tp_;
   ContextParallel cp_;
+  ExpertParallel ep_;
   std::vector<std::unique_ptr<Layer>> owned_;
   std::vector<Layer*> units_;
+  std::vector<MoE*> moe_layers_;
+  bool moe_force_load_balance_ = false;
   std::vector<Parameter*> params_;
   std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
   Tensor flat_params_, flat_grads_;

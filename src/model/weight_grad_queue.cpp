@@ -29,7 +29,7 @@ void WeightGradQueue::linear(const Tensor& dy, const Tensor& x, const Parameter&
   require(dy.ndim() == 2 && x.ndim() == 2 && w.local_shape.size() == 2 && dy.dim(0) == x.dim(0) &&
               dy.dim(1) == w.local_shape[0] && x.dim(1) == w.local_shape[1],
           "linear", w, "needs dy [N, out], x [N, in] and weight [out, in]; got " + got);
-  terms_.push_back({Kind::kLinear, &w, dy, x, Tensor()});
+  terms_.push_back({Kind::kLinear, &w, dy, x, Tensor(), 0, {}});
 }
 
 void WeightGradQueue::rmsnorm(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Parameter& w) {
@@ -39,7 +39,20 @@ void WeightGradQueue::rmsnorm(const Tensor& dy, const Tensor& x, const Tensor& r
   const int64_t d = x.ndim() >= 1 ? x.dim(-1) : 0;
   require(d > 0 && dy.numel() == x.numel() && rstd.numel() == x.numel() / d && w.local_shape == Shape{d},
           "rmsnorm", w, "needs dy, x [N, D], rstd [N] and weight [D]; got " + got);
-  terms_.push_back({Kind::kRmsNorm, &w, dy, x, rstd});
+  terms_.push_back({Kind::kRmsNorm, &w, dy, x, rstd, 0, {}});
+}
+
+void WeightGradQueue::grouped_linear(const Tensor& dy, const Tensor& x, std::vector<int64_t> counts,
+                                     const Parameter& w) {
+  require(dy.defined() && x.defined(), "grouped_linear", w, "dy and x must be defined");
+  const std::string got = shapes({{"dy", &dy}, {"x", &x}}) + ", weight " + shape_str(w.local_shape);
+  int64_t rows = 0;
+  for (int64_t n : counts) rows += n;
+  require(dy.ndim() == 2 && x.ndim() == 2 && w.local_shape.size() == 3 && dy.dim(0) == rows && x.dim(0) == rows &&
+              int64_t(counts.size()) == w.local_shape[0] && dy.dim(1) == w.local_shape[1] &&
+              x.dim(1) == w.local_shape[2],
+          "grouped_linear", w, "needs dy [R, P], x [R, Q], weight [G, P, Q] and G counts summing to R; got " + got);
+  terms_.push_back({Kind::kGroupedLinear, &w, dy, x, Tensor(), 0, std::move(counts)});
 }
 
 void WeightGradQueue::embedding(const Tensor& grad_out, const Tensor& tokens, const Parameter& w,
@@ -50,7 +63,7 @@ void WeightGradQueue::embedding(const Tensor& grad_out, const Tensor& tokens, co
   require(grad_out.ndim() == 2 && tokens.dtype() == DType::kI32 && tokens.numel() == grad_out.dim(0) &&
               w.local_shape.size() == 2 && w.local_shape[1] == grad_out.dim(1),
           "embedding", w, "needs grad_out [N, D], tokens i32 [N] and weight [V_local, D]; got " + got);
-  terms_.push_back({Kind::kEmbedding, &w, grad_out, tokens, Tensor(), vocab_start});
+  terms_.push_back({Kind::kEmbedding, &w, grad_out, tokens, Tensor(), vocab_start, {}});
 }
 
 void WeightGradQueue::run(Device& dev) {
@@ -70,6 +83,9 @@ void WeightGradQueue::run(Device& dev) {
       case Kind::kLinear: dev.matmul(t.a, true, t.b, false, grad, 1.0f, 1.0f); break;
       case Kind::kRmsNorm: dev.rmsnorm_backward_weight(t.a, t.b, t.c, grad); break;
       case Kind::kEmbedding: dev.embedding_backward(t.a, t.b, grad, t.vocab_start); break;
+      case Kind::kGroupedLinear:
+        dev.grouped_matmul(GroupedGemm::kBackwardWeight, t.a, t.b, grad, Tensor(), t.counts);
+        break;
     }
   }
   terms_.clear();

@@ -43,6 +43,10 @@ class WeightGradQueue {
   /// Device::rmsnorm_backward_weight): dy, x [N, D], rstd f32 [N] saved by the forward.
   /// @throws std::invalid_argument naming w when the shapes disagree.
   void rmsnorm(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Parameter& w);
+  /// Records the experts' weight term, w.grad [G, P, Q] += per group g dy_gᵀ · x_g
+  /// (Device::grouped_matmul, kBackwardWeight): dy [R, P], x [R, Q], counts[g] rows per group
+  /// (R = Σ counts). @throws std::invalid_argument naming w when the shapes disagree.
+  void grouped_linear(const Tensor& dy, const Tensor& x, std::vector<int64_t> counts, const Parameter& w);
   /// Records the embedding's scatter-add (Device::embedding_backward): row tokens[n] −
   /// vocab_start of w.grad [V_local, D] accumulates grad_out[n, :] for the ids this shard holds;
   /// grad_out [N, D], tokens i32 [N]. @throws std::invalid_argument naming w when the shapes
@@ -67,12 +71,13 @@ class WeightGradQueue {
   void clear() { terms_.clear(); }
 
  private:
-  enum class Kind { kLinear, kRmsNorm, kEmbedding };
+  enum class Kind { kLinear, kRmsNorm, kEmbedding, kGroupedLinear };
   struct Term {
     Kind kind;
     const Parameter* param;
     Tensor a, b, c;           ///< linear (dy, x); rmsnorm (dy, x, rstd); embedding (grad_out, tokens)
     int64_t vocab_start = 0;  ///< embedding only
+    std::vector<int64_t> counts;  ///< grouped linear only
   };
   std::vector<Term> terms_;
 };

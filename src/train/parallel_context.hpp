@@ -34,6 +34,8 @@ struct ParallelContext {
   Communicator* tp = nullptr;            ///< device, MeshDim::kTP
   Communicator* cp = nullptr;            ///< device, MeshDim::kCP
   Communicator* fsdp = nullptr;          ///< device, MeshDim::kFSDP
+  Communicator* ep = nullptr;            ///< device, MeshDim::kEP: the MoE token exchange
+  Communicator* efsdp = nullptr;         ///< device, MeshDim::kEFSDP: the experts' sharding group
   Communicator* dp_replicate = nullptr;  ///< device, MeshDim::kDpReplicate
   Communicator* pp = nullptr;            ///< host (MPI), MeshDim::kPP
   Communicator* pp_device = nullptr;     ///< device, MeshDim::kPP
@@ -54,6 +56,8 @@ inline ParallelContext make_parallel_context(MpiCommunicator& world, MeshCommuni
   c.tp = &device.get(MeshDim::kTP);
   c.cp = &device.get(MeshDim::kCP);
   c.fsdp = &device.get(MeshDim::kFSDP);
+  c.ep = &device.get(MeshDim::kEP);
+  c.efsdp = &device.get(MeshDim::kEFSDP);
   c.dp_replicate = &device.get(MeshDim::kDpReplicate);
   c.pp = &host.get(MeshDim::kPP);
   c.pp_device = &device.get(MeshDim::kPP);

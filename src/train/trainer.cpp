@@ -1,5 +1,7 @@
 #include "train/trainer.hpp"
 
+#include "train/moe_balance.hpp"
+
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -25,6 +27,7 @@
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
+#include "parallel/composed_sync.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "parallel/mixed_precision.hpp"
@@ -227,9 +230,12 @@ void Trainer::build_model() {
     plan_ = cfg_.pipeline_plan(dims_);
     part = model_part_of(plan_.stages, plan_.schedule.stages_of(pc_.pp->rank()));
   }
+  ExpertParallel ep;
+  if (dims_.ep > 1) ep = ExpertParallel{pc_.ep, pc_.ep->size(), pc_.ep->rank()};
   model_ = std::make_unique<Transformer>(args_, dev, sharded_ ? model_storage_for(zero_stage_) : ModelStorage{}, tp_,
-                                         compute_dtype_, &part);
+                                         compute_dtype_, &part, ep);
   model_->set_context_parallel(cp_);
+  model_->set_moe_force_load_balance(cfg_.debug.moe_force_load_balance);
   if (sharded_) {
     ShardedOptions so;
     so.zero_stage = zero_stage_;
@@ -240,9 +246,27 @@ void Trainer::build_model() {
     so.reduce_once_per_step = pipelined_;
     so.reduce_dtype = reduce_dtype;
     so.param_dtype = compute_dtype_;  // FSDP2's param_dtype: ZeRO-3 gathers bf16 under mixed precision
-    auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *pc_.fsdp, pc_.dp_replicate, so);
-    sdp->init_weights(uint64_t(cfg_.training.seed));
-    sync_ = std::move(sdp);
+    if (dims_.ep > 1) {
+      // The routed experts are sharded over the ranks holding the same experts (efsdp), the
+      // rest over fsdp; the experts' norm is summed over ep as well (their ranks hold different
+      // experts).
+      ShardedOptions dense = so, experts = so;
+      dense.select = [](const Parameter& p) { return !p.sharding.expert_parallel(); };
+      experts.select = [](const Parameter& p) { return p.sharding.expert_parallel(); };
+      experts.norm_group = pc_.ep;
+      experts.replicate_at_finish = true;  // HSDP: after the dense instance's all-reduces, never between
+      std::vector<std::unique_ptr<GradientSync>> parts;
+      for (auto [opt, comm] : {std::pair{&dense, pc_.fsdp}, std::pair{&experts, pc_.efsdp}}) {
+        auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *comm, pc_.dp_replicate, *opt);
+        sdp->init_weights(uint64_t(cfg_.training.seed));
+        parts.push_back(std::move(sdp));
+      }
+      sync_ = std::make_unique<ComposedGradientSync>(std::move(parts));
+    } else {
+      auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *pc_.fsdp, pc_.dp_replicate, so);
+      sdp->init_weights(uint64_t(cfg_.training.seed));
+      sync_ = std::move(sdp);
+    }
   } else {
     model_->init_weights(uint64_t(cfg_.training.seed));
     sync_ = std::make_unique<DataParallel>(*model_, *pc_.dp_replicate, 25 << 20, reduce_dtype);
@@ -294,6 +318,7 @@ void Trainer::resume() {
   const auto t_load = Clock::now();
   const auto from = load_with_fallback(cfg_.checkpoint, ckpt_dir_, [&](const std::string& f) {
     resumed_ = load_checkpoint(f, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_);
+    restore_expert_biases(args_, model_->moe_layers(), resumed_.expert_bias);
     model_->params_changed();
   });
   if (!from) return;
@@ -426,6 +451,13 @@ StepResult Trainer::train_step(int64_t step) {
     metrics_->write({{"event", "nonfinite_step_skipped"}, {"step", step}, {"message", check.message},
                      {"skipped_in_a_row", guard_->skipped_in_a_row()}});
   }
+  if (args_.num_moe_layers() > 0) {
+    // Loads over every rank; the expert biases move only when the step was applied.
+    moe_metrics_ = finish_moe_step(args_, model_->moe_layers(), world_, r.applied);
+    r.moe_aux_loss = moe_metrics_.aux_loss;
+    r.moe_z_loss = moe_metrics_.z_loss;
+    r.loss += r.moe_aux_loss + r.moe_z_loss;
+  }
   sync.after_optimizer_step();
   dev.synchronize();
   step_span.reset();  // the step's work ends here; logging, validation and saving are traced apart
@@ -472,6 +504,26 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
     metrics_->write({{"step", step}, {"memory_peak_bytes_per_pp_rank", peaks}, {"pp_recv_wait_s_per_pp_rank", waits},
                      {"activation_peak_bytes_per_pp_rank", act_peaks}});
   }
+  std::string moe_text;
+  if (args_.num_moe_layers() > 0) {
+    const MoeStepMetrics& m = moe_metrics_;
+    nlohmann::json layers = nlohmann::json::array();
+    for (size_t j = 0; j < m.layers.size(); ++j) {
+      const auto s = m.summary(j);
+      layers.push_back({{"layer", m.layers[j]}, {"min", s.min}, {"max", s.max}, {"cv", s.cv},
+                        {"bias_min", m.bias_min[j]}, {"bias_max", m.bias_max[j]}});
+    }
+    const auto [worst, ratio] = m.worst_imbalance();
+    nlohmann::json rec = {{"step", step}, {"moe_layers", layers}, {"moe_tokens_dropped", 0},
+                          {"moe_max_over_mean", ratio}, {"moe_worst_layer", worst}};
+    if (dims_.ep > 1) rec["moe_dispatch_s"] = m.dispatch_s;
+    if (args_.aux_loss_coeff > 0) rec["moe_aux_loss"] = r.moe_aux_loss;
+    if (args_.z_loss_coeff > 0) rec["moe_z_loss"] = r.moe_z_loss;
+    const int64_t hf = cfg_.metrics.moe_histogram_freq;
+    if (hf > 0 && step % hf == 0) rec["moe_tokens_per_expert"] = m.tokens_per_expert;
+    metrics_->write(rec);
+    moe_text = "  moe max/mean " + fmt("%.2f", ratio) + " (layer " + std::to_string(worst) + ")";
+  }
   if (dims_.cp > 1) {  // the cp group's transfers: their spans and the part no block computation hid
     double cs[2] = {cp_stats_.comm_s, cp_stats_.wait_s};
     cp_stats_ = {};
@@ -487,7 +539,8 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
             "  grad_norm " + fmt("%.3f", r.grad_norm) + "  lr " + fmt("%.2e", r.lr) + "  tok/s " +
             fmt("%.0f", tp.tokens_per_s) + " (" + fmt("%.0f", tp.tokens_per_s_per_rank) + "/rank)  TFLOPS/rank " +
             fmt("%.3f", tp.tflops_per_rank) + "  MFU " + fmt("%.1f%%", 100 * tp.mfu) + "  step " + fmt("%.3f s", dt) +
-            " (comm wait " + fmt("%.3f s", comm_wait) + ")  mem " + human_bytes(peak_all) + "  eta " + fmt("%.0f s", eta));
+            " (comm wait " + fmt("%.3f s", comm_wait) + ")  mem " + human_bytes(peak_all) + moe_text + "  eta " +
+            fmt("%.0f s", eta));
   note_peaks();
   device_->allocator()->reset_peaks();
 }
@@ -504,7 +557,10 @@ void Trainer::save(int64_t step) {
   if (rank0_) std::filesystem::create_directories(ckpt_dir_);
   world_.barrier();
   const std::string tmp = (std::filesystem::path(ckpt_dir_) / checkpoint_file_name(step)).string() + ".tmp";
-  const TrainState st{step, tokens_seen_, loader_.cursor(), opt_->step_count(), last_lr_, cfg_.training.seed};
+  const TrainState st{step,           tokens_seen_,
+                      loader_.cursor(), opt_->step_count(),
+                      last_lr_,       cfg_.training.seed,
+                      gather_expert_biases(args_, model_->moe_layers(), world_)};
   const bool model_only = cfg_.checkpoint.last_save_model_only && step == cfg_.training.steps;
   CheckpointMeta meta{resolved_deck_toml(cfg_), layout_summary(dims_), int64_t(world_.size()), seq_len_, model_only};
   save_checkpoint(tmp, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_, st,
@@ -582,7 +638,10 @@ TrainSummary Trainer::finalize() {
     dev.allocator()->reset_peaks();
     const std::string final_path = (out_dir_ / "model_final.h5").string(), tmp = final_path + ".tmp";
     world_.barrier();  // rank 0 created out_dir at start-up
-    const TrainState st{summary_.steps, tokens_seen_, loader_.cursor(), opt_->step_count(), last_lr_, cfg_.training.seed};
+    const TrainState st{summary_.steps,   tokens_seen_,
+                        loader_.cursor(), opt_->step_count(),
+                        last_lr_,         cfg_.training.seed,
+                        gather_expert_biases(args_, model_->moe_layers(), world_)};
     CheckpointMeta meta{resolved_deck_toml(cfg_), layout_summary(dims_), int64_t(world_.size()), seq_len_, /*model_only=*/true};
     save_checkpoint(tmp, world_.comm(), dev, *model_, sync_->local_shards(), *opt_, st,
                     CheckpointRole{pc_.dp_primary(), pc_.tp_primary()}, meta);
@@ -613,13 +672,19 @@ TrainSummary Trainer::finalize() {
     by_cat[mem_category_name(MemCategory(c))] = int64_t(peaks[c]);
     breakdown += std::string(c ? ", " : "") + mem_category_name(MemCategory(c)) + " " + human_bytes(peaks[c]);
   }
+  // Rank 0's parameter shards (f32 bytes): the routed experts apart from the rest.
+  int64_t param_bytes[2] = {0, 0};
+  for (const LocalShard& ls : sync_->local_shards())
+    param_bytes[ls.param->sharding.expert_parallel() || ls.param->name.find(".moe.experts.") != std::string::npos] +=
+        ls.value.numel() * int64_t(sizeof(float));
   const TrainSummary& s = summary_;
   metrics_->write({{"event", "summary"}, {"steps", s.steps}, {"final_loss", s.final_loss},
                    {"final_val_loss", s.final_val_loss}, {"unigram_entropy", unigram_}, {"elapsed_s", s.elapsed_s},
                    {"tokens_per_s", s.tokens_per_s}, {"tokens", int64_t(s.steps * global_batch_ * seq_len_)},
                    {"world_size", world_.size()}, {"parameters", args_.num_params()},
                    {"dp_replicate", dims_.dp_replicate}, {"dp_shard", dims_.dp_shard}, {"tp", dims_.tp},
-                   {"zero_stage", zero_stage_}, {"memory_peak_bytes_by_category", by_cat},
+                   {"zero_stage", zero_stage_}, {"ep", dims_.ep}, {"memory_peak_bytes_by_category", by_cat},
+                   {"nonexpert_parameter_bytes_rank0", param_bytes[0]}, {"expert_parameter_bytes_rank0", param_bytes[1]},
                    {"nonfinite_steps_skipped", guard_->skipped_total()}});
   log::info("summary: " + std::to_string(s.steps) + " steps in " + fmt("%.1f s", s.elapsed_s) + ", final loss " +
             fmt("%.4f", s.final_loss) +

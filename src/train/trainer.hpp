@@ -42,6 +42,7 @@
 #include "parallel/grad_sync.hpp"
 #include "parallel/mixed_precision.hpp"
 #include "train/device_comms.hpp"
+#include "train/moe_balance.hpp"
 #include "train/nonfinite_guard.hpp"
 #include "train/parallel_context.hpp"
 #include "train/step_schedule.hpp"
@@ -60,13 +61,15 @@ struct TrainSummary {
 
 /// What train_step() did.
 struct StepResult {
-  double loss = 0;            ///< global mean cross-entropy per target token (nats)
+  double loss = 0;            ///< global mean cross-entropy per target token (nats), plus the MoE aux losses
   double grad_norm = 0;       ///< global L2 norm of the gradient, before clipping
   double lr = 0;              ///< the schedule's learning rate for the step
   bool applied = true;        ///< false: non-finite, skipped (no update)
   int preempt_signal = 0;     ///< any rank's pending SIGTERM / SIGUSR1, agreed (0 = none)
   double seconds = 0;         ///< wall time of the step's work
   nlohmann::json comm_bytes;  ///< bytes sent per mesh dimension and collective kind in the step
+  double moe_aux_loss = 0;    ///< MoE sequence-wise balance loss (included in loss; 0 when off)
+  double moe_z_loss = 0;      ///< MoE router z-loss (included in loss; 0 when off)
 };
 
 class Trainer {
@@ -131,6 +134,7 @@ class Trainer {
   int zero_stage_ = 0;
   TensorParallel tp_;
   ContextParallel cp_;
+  MoeStepMetrics moe_metrics_;  ///< the last step's MoE loads, losses and bias ranges
   CpStats cp_stats_;  ///< cp attention timings of the current step (cp_.stats points here)
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Transformer> model_;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Export and model-only checkpoints through the real binaries (4 ranks, TP 2 x FSDP 2).
 
-For a Llama model (GQA, Llama 3.1 RoPE scaling) and a Qwen3 model (q/k norm, tied embeddings):
+For a Llama model (GQA, Llama 3.1 RoPE scaling), a Qwen3 model (q/k norm, tied embeddings), a
+Qwen3-MoE model and a Mixtral model:
 train 6 steps saving at 3 and 6; `meshtrain ckpt export --format safetensors` the step-6 file;
 `dump_grads --checkpoint` computes meshtrain's loss on a batch with those weights; and
 validation/check_export.py (PyTorch, Hugging Face layout, no meshtrain code) reproduces it to
@@ -10,7 +11,8 @@ validation/check_export.py (PyTorch, Hugging Face layout, no meshtrain code) rep
 The Llama run sets [checkpoint] last_save_model_only: its step-6 file has no /optimizer, `ckpt
 inspect` says so, resuming from it is refused with one line, and load_step = 3 resumes. Also
 refused with status 2: resuming with another [training] seed, exporting a checkpoint with a
-flipped byte (nothing is left under the output folder's final names), an unknown --format.
+flipped byte (nothing is left under the output folder's final names), exporting a MoE model whose
+expert-selection bias moved, an unknown --format.
 
 usage: export.py --meshtrain BIN --dump-grads BIN --deck DECK --data H5 --out DIR
 """
@@ -35,6 +37,14 @@ MODELS = {
                                "--model.rope_scaling_factor=4", "--checkpoint.last_save_model_only=true"],
     "qwen3_qk_norm_tied": ["--model.name=qwen3", "--model.flavor=debugmodel", "--model.qk_norm=true",
                            "--model.tie_word_embeddings=true", "--model.head_dim=16", "--model.ffn_hidden_dim=128"],
+    # Qwen3-MoE (blocks 1 and 3 sparse: decoder_sparse_step 2; renormalized top-2 of 4) and
+    # Mixtral (every block MoE, top-2 of 4); no selection bias (Hugging Face's routers have none).
+    "qwen3_moe": ["--model.name=qwen3", "--model.flavor=debugmodel", "--model.head_dim=16",
+                  "--model.ffn_hidden_dim=128", "--model.n_layers=4", "--model.num_experts=4", "--model.top_k=2",
+                  "--model.moe_inter_dim=48", "--model.route_norm=true", "--model.moe_layer_step=2",
+                  "--model.load_balance_coeff=0"],
+    "mixtral": ["--model.name=mixtral", "--model.flavor=debugmodel", "--model.n_layers=2", "--model.num_experts=4",
+                "--model.moe_inter_dim=48", "--model.load_balance_coeff=0"],
 }
 
 
@@ -110,6 +120,15 @@ def main():
     left = sorted(os.listdir(out)) if os.path.isdir(out) else []
     checks.append(("exporting a corrupt checkpoint is refused and writes nothing",
                    one_error(res, bad, "checksum") and not any(n in left for n in ("model.safetensors", "config.json"))))
+    # A MoE run whose selection bias moved (load_balance_coeff > 0): Hugging Face's routers have
+    # no bias, so the export is refused naming the dataset.
+    biased = os.path.join(a.out, "qwen3_moe_biased")
+    res = train(a, biased, ["--training.steps=3"] + [x for x in MODELS["qwen3_moe"] if "load_balance" not in x])
+    context += res.stderr[-2000:]
+    res = run([a.meshtrain, "ckpt", "export", "--format", "safetensors", "--output", os.path.join(a.out, "biased_hf"),
+               os.path.join(biased, "checkpoints", "step-00000003.h5")])
+    checks.append(("exporting a MoE model whose expert bias moved is refused",
+                   one_error(res, "moe.expert_bias", "load_balance_coeff = 0")))
     res = run([a.meshtrain, "ckpt", "export", "--format", "gguf", "--output", out, ck6])
     checks.append(("an unknown export format is refused", one_error(res, "gguf", "not implemented yet")))
     report(checks, context)

@@ -30,3 +30,4 @@ example inputs/llama3_debug.toml "pp 4 × dp_shard 2 on 8 ranks" 8 "${common[@]}
 example inputs/llama3_debug.toml "dp_shard 2 × tp 2 × pp 2 on 8 ranks" 8 "${common[@]}" --parallelism.tensor_parallel_degree=2 --parallelism.pipeline_parallel_degree=2
 example inputs/llama3_70b_tp4_fsdp8.toml "Multi-rack: Llama 3 70B, TP 4 × FSDP 8 on 32 GPUs, 8 per node, 2 nodes per rack" 32 \
   --topology inputs/topology/h100_2nodes_per_rack.conf
+example inputs/mixtral_8x7b_tp4_ep2_fsdp8.toml "Mixtral 8x7B: tp 4 × dp_shard 8 with ep 2 on 32 ranks (4 nodes of 8)" 32 --topology inputs/topology/h100_2nodes_per_rack.conf

@@ -4,6 +4,11 @@ single-rank run): every training loss and validation loss within --tol relative,
 parameters (model_final.h5) within --tol relative, max over tensors of max|a-b| / max|a|.
 Optionally checks that a repeated run is bitwise identical (same deck + seed + layout).
 
+Mixture-of-Experts runs log each step's tokens per expert (every run gets
+--metrics.moe_histogram_freq=1); those must be equal to the reference's in every step and layer.
+With real routing an fp32 rounding difference can flip a near-tie top-k choice: that is reported
+as a routing difference (step, layer, experts), never absorbed by the tolerances.
+
 usage: compare_runs.py --meshtrain BIN --deck DECK --data H5 --out DIR --np 1 2 4 [--repeat 2] [-- overrides]
        compare_runs.py ... --layout "NAME NP [--section.key=value ...]" --layout ... [-- overrides]
 
@@ -26,7 +31,8 @@ def launch(args, np_, tag, layout_args):
     that folder. Exits the script with the command's output when training fails."""
     out = os.path.join(args.out, tag)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), args.meshtrain, "train",
-           "--deck", args.deck, f"--training.dataset={args.data}", f"--job.dump_folder={out}"] + layout_args + args.extra
+           "--deck", args.deck, f"--training.dataset={args.data}", f"--job.dump_folder={out}",
+           "--metrics.moe_histogram_freq=1"] + layout_args + args.extra
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
@@ -40,9 +46,23 @@ def run(args, np_, tag, layout_args):
     losses = [r["loss"] for r in recs if "loss" in r]
     vals = [r["val_loss"] for r in recs if "val_loss" in r]
     norms = [r["grad_norm"] for r in recs if "grad_norm" in r]
+    routing = {r["step"]: r["moe_tokens_per_expert"] for r in recs if "moe_tokens_per_expert" in r}
     with h5py.File(os.path.join(out, "model_final.h5"), "r") as f:  # a model-only checkpoint: /model/<name>
         params = {k: f["model"][k][()] for k in f["model"]}
-    return losses, vals, params, norms
+    return losses, vals, params, norms, routing
+
+
+def routing_difference(ref, cur):
+    """The first step where two runs' MoE tokens-per-expert differ, as text (None: identical)."""
+    if sorted(ref) != sorted(cur):
+        return f"routing logged at steps {sorted(cur)}, reference {sorted(ref)}"
+    for step in sorted(ref):
+        for layer, (a, b) in enumerate(zip(ref[step], cur[step])):
+            if a != b:
+                moved = [e for e, (x, y) in enumerate(zip(a, b)) if x != y]
+                return (f"routing differs at step {step}, MoE layer {layer}: experts {moved} got "
+                        f"{[b[e] for e in moved]} tokens, reference {[a[e] for e in moved]} (a top-k flip)")
+    return None
 
 
 def rel(a, b):
@@ -110,11 +130,15 @@ def main():
         e_par = max(rel(ref[2][k], cur[2][k]) for k in ref[2])
         e_l2 = max(rel_l2(ref[2][k], cur[2][k]) for k in ref[2])
         par_ok = e_par <= args.tol if args.param_metric == "max" else (e_l2 <= args.tol and e_par <= 100 * args.tol)
-        ok = e_loss <= args.tol and e_val <= args.tol and e_norm <= args.tol and par_ok
+        flip = routing_difference(ref[4], cur[4])
+        ok = e_loss <= args.tol and e_val <= args.tol and e_norm <= args.tol and par_ok and flip is None
         failed |= not ok
+        routed = f", routing identical over {len(ref[4])} steps" if ref[4] and flip is None else ""
         print(f"{tag} ({n} ranks): loss rel err {e_loss:.2e}, val_loss rel err {e_val:.2e}, grad_norm rel err "
               f"{e_norm:.2e}, final params rel err "
-              f"{e_par:.2e} (largest element), {e_l2:.2e} (2-norm) -> {'ok' if ok else 'FAIL'}")
+              f"{e_par:.2e} (largest element), {e_l2:.2e} (2-norm){routed} -> {'ok' if ok else 'FAIL'}")
+        if flip:
+            print(f"  {tag}: {flip}")
     if args.repeat:
         if args.repeat not in args.np:
             sys.exit(f"--repeat {args.repeat} must be one of --np")

@@ -112,6 +112,21 @@ inline void expect_close(const Pair& p, DType dt, const std::string& what, doubl
   BOOST_CHECK_MESSAGE(e <= t, what << " [" << dtype_name(dt) << "]: rel err " << e << " > " << t);
 }
 
+/// Whether two GPU tensors hold bitwise-identical bytes (repeat runs of deterministic kernels).
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  std::vector<unsigned char> ha(a.nbytes()), hb(b.nbytes());
+  gpu().download(ha.data(), a, ha.size());
+  gpu().download(hb.data(), b, hb.size());
+  return ha == hb;
+}
+
+/// A new GPU tensor holding a copy of t.
+inline Tensor gpu_clone(const Tensor& t) {
+  Tensor c = gpu().empty(t.shape(), t.dtype(), MemCategory::kTemporaries);
+  gpu().copy(c, t);
+  return c;
+}
+
 /// main() of a GPU test binary: exits 77 (ctest SKIPPED) without a GPU, else creates the CPU
 /// and GPU devices and runs the Boost.Test suites.
 inline int gpu_test_main(int argc, char** argv) {

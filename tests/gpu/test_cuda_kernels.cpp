@@ -49,20 +49,6 @@ void check_scalar(double g, double c, double tolerance, const std::string& what)
   BOOST_CHECK_MESSAGE(rel_diff(g, c) <= tolerance, what << ": gpu " << g << " vs cpu " << c);
 }
 
-/// Whether two GPU tensors hold bitwise-identical bytes.
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  std::vector<unsigned char> ha(a.nbytes()), hb(b.nbytes());
-  gpu().download(ha.data(), a, ha.size());
-  gpu().download(hb.data(), b, hb.size());
-  return ha == hb;
-}
-
-Tensor gpu_clone(const Tensor& t) {
-  Tensor c = gpu().empty(t.shape(), t.dtype(), kTmp);
-  gpu().copy(c, t);
-  return c;
-}
-
 void upload_ids(const Pair& p, const std::vector<int32_t>& ids) {
   cpu().upload(p.c, ids.data(), ids.size() * 4);
   gpu().upload(p.g, ids.data(), ids.size() * 4);

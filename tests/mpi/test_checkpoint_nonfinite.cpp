@@ -48,7 +48,7 @@ struct Setup {
   std::pair<std::string, bool> save(const std::string& name) {
     const std::string tmp = dir + "/" + name + ".tmp";
     try {
-      save_checkpoint(tmp, world.comm(), *dev, model, sdp.local_shards(), *opt, TrainState{7, 0, 0, 0, 0.0, 3},
+      save_checkpoint(tmp, world.comm(), *dev, model, sdp.local_shards(), *opt, TrainState{7, 0, 0, 0, 0.0, 3, {}},
                       CheckpointRole{}, CheckpointMeta{"", "test", world.size(), 8, false});
     } catch (const NonFiniteError& e) {
       return {e.what(), true};

@@ -72,7 +72,7 @@ op='[activation_checkpoint] selective_ac_option: "op" (per-operator selective ch
 lays_out llama3_debug.toml 8
 refused llama3_debug.toml 8 "llama3_debug.toml:$(line_of llama3_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
 resolves llama3_debug.toml 8 9 $store
-resolves llama3_debug_all_sections.toml 8 34 $store
+resolves llama3_debug_all_sections.toml 8 32 $store
 # llama3 8B (64 A100): the dataset, then per-operator checkpointing.
 lays_out llama3_8b.toml 64
 refused llama3_8b.toml 64 "llama3_8b.toml:$(line_of llama3_8b.toml '^dataset =' ): [training] dataset: \"c4\" $c4"
@@ -102,9 +102,13 @@ resolves qwen3_32b.toml 8 7 $store
 lays_out qwen3_debug.toml 8
 refused qwen3_debug.toml 8 "qwen3_debug.toml:$(line_of qwen3_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
 resolves qwen3_debug.toml 8 6 $store
-# Mixture-of-Experts presets: refused by layout and deck check alike, naming the key.
-for spec in "qwen3_moe_debug.toml:qwen3_moe_debug.toml:$(line_of qwen3_moe_debug.toml '^flavor' ):"' [model] flavor: Mixture-of-Experts flavor '"'"'debugmodel_moe'"'"' of qwen3 (TorchTitan) is not implemented yet' \
-            "deepseek_v3_debug.toml:deepseek_v3_debug.toml:$(line_of deepseek_v3_debug.toml '^name' ):"' [model] name: Mixture-of-Experts model '"'"'deepseek_v3'"'"' (TorchTitan) is not implemented yet'; do
+# qwen3 MoE debug (8 GPUs, ep 1): the dataset, then "op", like the dense presets.
+lays_out qwen3_moe_debug.toml 8
+refused qwen3_moe_debug.toml 8 "qwen3_moe_debug.toml:$(line_of qwen3_moe_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
+refused qwen3_moe_debug.toml 8 "qwen3_moe_debug.toml:$(line_of qwen3_moe_debug.toml '^selective_ac_option' ): $op" $store
+resolves qwen3_moe_debug.toml 8 7 $store --activation_checkpoint.selective_ac_option=2
+# The other Mixture-of-Experts models: refused by layout and deck check alike, naming the key.
+for spec in "deepseek_v3_debug.toml:deepseek_v3_debug.toml:$(line_of deepseek_v3_debug.toml '^name' ):"' [model] name: Mixture-of-Experts model '"'"'deepseek_v3'"'"' (TorchTitan) is not implemented yet'; do
   deck=${spec%%:*}
   want=${spec#*:}
   refused "$deck" 8 "$want" $store

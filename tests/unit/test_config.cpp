@@ -122,7 +122,7 @@ BOOST_AUTO_TEST_CASE(values_out_of_range) {
       {"--validation.freq=0", "[validation] freq: value 0 is out of range (must be >= 1)"},
       {"--validation.steps=0", "[validation] steps: value 0 is out of range (must be >= 1 or -1)"},
       {"--validation.steps=-5", "must be >= 1 or -1"},
-      {"--model.name=gpt2", "[model] name: value \"gpt2\" is not allowed (must be one of llama3 | qwen3)"},
+      {"--model.name=gpt2", "[model] name: value \"gpt2\" is not allowed (must be one of llama3 | qwen3 | mixtral)"},
       {"--model.dim=0", "[model] dim: value 0 is out of range (must be >= 1)"},
       {"--model.norm_eps=0", "[model] norm_eps: value 0 is out of range (must be > 0)"},
       {"--checkpoint.keep_latest_k=-1", "[checkpoint] keep_latest_k: value -1 is out of range (must be >= 0)"},
@@ -271,7 +271,8 @@ BOOST_AUTO_TEST_CASE(model_and_batch_rules_name_the_responsible_key) {
   BOOST_TEST(has(error_of(b, with({"--parallelism.pipeline_parallel_degree=9"}), 9),
                  "[parallelism] pipeline_parallel_degree: 9 stages for 8 effective layers"));
   BOOST_TEST(has(error_of(b, {"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_replicate_degree=2"}, 2),
-                 "[parallelism] expert_parallel_degree: expert parallelism needs a Mixture-of-Experts model (num_experts % ep == 0)"));
+                 "[parallelism] expert_parallel_degree: expert parallelism needs a Mixture-of-Experts model ([model] "
+                 "num_experts > 0, num_experts % ep == 0)"));
   BOOST_TEST(has(error_of(b, {"--training.global_batch_size=6", "--parallelism.data_parallel_replicate_degree=2"}, 2),
                  "[training] global_batch_size: 6 is not divisible by local_batch_size × dp = 2 × 2 (global_batch_size % "
                  "(local_batch_size × dp) == 0"));
@@ -296,7 +297,7 @@ BOOST_AUTO_TEST_CASE(model_name_and_world_size_errors_from_code) {
   JobConfig c;  // built in code: no deck, no origins
   c.model.name = "gpt2";
   BOOST_CHECK_EXCEPTION(c.model_args(), ConfigError, [](const ConfigError& e) {
-    return std::string(e.what()) == "deck: [model] name: unknown model 'gpt2' (models: llama3, qwen3)";
+    return std::string(e.what()) == "deck: [model] name: unknown model 'gpt2' (models: llama3, qwen3, mixtral)";
   });
   BOOST_CHECK_THROW(JobConfig{}.validate(0), ConfigError);
   JobConfig s;
@@ -336,7 +337,7 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1", "--parallelism.data_parallel_replicate_degree=2"}, 2, "[parallelism] expert_parallel_degree:"},
+      {{"--model.num_experts=4", "--model.moe_inter_dim=32", "--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2", "--training.device=cuda", "--training.mixed_precision_param=bfloat16"}, 2, "[parallelism] expert_parallel_degree:"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},
   };
   for (const auto& [ov, world, want] : cases) {
@@ -404,4 +405,18 @@ BOOST_AUTO_TEST_CASE(repository_decks_load_and_validate) {
     }
   BOOST_TEST(load_job_config((inputs / "llama3_debug.toml").string(), {}).model.name == "llama3");
   BOOST_TEST(load_job_config((inputs / "qwen3_debug.toml").string(), {}).model.name == "qwen3");
+}
+
+// Tensor parallelism and MoE: the routed experts are whole on every tp rank, so only the dense
+// blocks' FFN and the shared experts' width must leave each tp rank some hidden units.
+BOOST_AUTO_TEST_CASE(moe_tp_split_rules_cover_the_shared_experts_only) {
+  const std::vector<std::string> moe = {"--model.num_experts=4", "--model.moe_inter_dim=1",
+                                        "--parallelism.tensor_parallel_degree=2", "--parallelism.data_parallel_shard_degree=1"};
+  std::vector<std::string> ok = moe;
+  ok.push_back("--model.ffn_hidden_dim=1");  // no dense block: the dense width is not split
+  BOOST_TEST(load(kBase, ok).validate(2).tp == 2);
+  std::vector<std::string> shared = moe;
+  shared.push_back("--model.num_shared_experts=1");  // one hidden unit over tp 2
+  const std::string e = error_of(kBase, shared, 2);
+  BOOST_TEST(has(e, "[model] num_shared_experts: num_shared_experts × moe_inter_dim 1 leaves tp rank 1 of 2 nothing"), e);
 }

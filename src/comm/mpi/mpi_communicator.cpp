@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
@@ -137,6 +138,12 @@ class MpiWork final : public Work {
   }
   /// Takes ownership of a committed datatype used by the requests issued so far.
   void adopt(MPI_Datatype t) { types_.push_back(t); }
+  /// Keeps the count / displacement arrays of a non-blocking v-collective alive until it
+  /// completes (MPI reads them until then). Returns the stored copy's data.
+  const int* keep(std::vector<int> v) {
+    arrays_.push_back(std::move(v));
+    return arrays_.back().data();
+  }
 
   /// Polls every request until all completed or the deadline passed; then the watchdog aborts
   /// the job. Polls with a growing sleep (up to 1 ms) instead of MPI_Waitall's busy loop, which
@@ -183,6 +190,7 @@ class MpiWork final : public Work {
   std::vector<MPI_Request> reqs_;
   std::vector<MPI_Status> statuses_;
   std::vector<MPI_Datatype> types_;
+  std::deque<std::vector<int>> arrays_;  // stable addresses while requests read them
   bool done_ = false;
   // Tracing: start of the issue-to-first-observed-completion interval (-1: tracing was off).
   int64_t issued_ns_ = trace::enabled() ? trace::now_ns() : -1;
@@ -365,6 +373,38 @@ std::unique_ptr<Work> MpiCommunicator::all_to_all(const Tensor& in, const Tensor
     });
   }
   count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows,
+                                                    const Tensor& out, const std::vector<int64_t>& recv_rows) {
+  const int64_t row = all_to_all_v_row_elems(in, send_rows, out, recv_rows, size_);
+  auto work = std::make_unique<MpiWork>("all_to_all_v", describe(), timeout_s_);
+  // Counts and displacements in rows of one contiguous datatype, so they stay small integers
+  // whatever the row width (a row of D elements is one unit).
+  MPI_Datatype row_type = MPI_DATATYPE_NULL;
+  check(MPI_Type_contiguous(checked_int_count(std::max<int64_t>(row, 1), "all_to_all_v row"), mpi_type(in), &row_type),
+        "all_to_all_v", describe());
+  check(MPI_Type_commit(&row_type), "all_to_all_v", describe());
+  work->adopt(row_type);
+  const size_t ranks = static_cast<size_t>(size_);
+  std::vector<int> sc(ranks), sd(ranks), rc(ranks), rd(ranks);
+  int64_t so = 0, ro = 0, bytes = 0;
+  for (int i = 0; i < size_; ++i) {
+    sc[size_t(i)] = checked_int_count(send_rows[size_t(i)], "all_to_all_v send rows");
+    rc[size_t(i)] = checked_int_count(recv_rows[size_t(i)], "all_to_all_v receive rows");
+    sd[size_t(i)] = checked_int_count(so, "all_to_all_v send displacement");
+    rd[size_t(i)] = checked_int_count(ro, "all_to_all_v receive displacement");
+    so += send_rows[size_t(i)];
+    ro += recv_rows[size_t(i)];
+    if (i != rank_) bytes += send_rows[size_t(i)] * row * int64_t(dtype_size(in.dtype()));
+  }
+  const int *scp = work->keep(std::move(sc)), *sdp = work->keep(std::move(sd));
+  const int *rcp = work->keep(std::move(rc)), *rdp = work->keep(std::move(rd));
+  work->issue([&](MPI_Request* r) {
+    return MPI_Ialltoallv(in.raw(), scp, sdp, row_type, out.raw(), rcp, rdp, row_type, comm_, r);
+  });
+  count(CollectiveKind::kAllToAll, bytes);
   return work;
 }
 

@@ -64,6 +64,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> recv(const Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
+  /// MPI_Ialltoallv over a contiguous row datatype (counts and displacements in rows).
+  std::unique_ptr<Work> all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                                     const std::vector<int64_t>& recv_rows) override;
   void barrier() override;
   /// Blocking; `values` [n] doubles. @throws std::invalid_argument when n < 0, CommError from MPI.
   void all_reduce_host(double* values, int n, ReduceOp op) override;

@@ -379,36 +379,78 @@ std::vector<std::unique_ptr<Work>> NcclCommunicator::send_recv_batch(const std::
   return works;
 }
 
+namespace {
+
+// Posts one NCCL group holding, for every peer p, a send of send_elems[p] elements from src at
+// the running send offset and a receive of recv_elems[p] into dst at the running receive offset
+// (empty blocks post nothing). One group, so all transfers progress together (separate sends and
+// receives on one stream would wait for each other). Once opened, the group is always closed,
+// even after a failed call, so NCCL's per-thread group state stays balanced. Returns the first
+// failure and names its call in `call`.
+ncclResult_t post_exchange(const char* src, const std::vector<size_t>& send_elems, char* dst,
+                           const std::vector<size_t>& recv_elems, ncclDataType_t type, size_t elem_bytes,
+                           ncclComm_t comm, cudaStream_t stream, const char** call) {
+  const auto accepted = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
+  ncclResult_t result = ncclGroupStart();
+  *call = "ncclGroupStart";
+  if (!accepted(result)) return result;
+  size_t so = 0, ro = 0;
+  for (int p = 0; p < int(send_elems.size()); ++p) {
+    const size_t sn = send_elems[size_t(p)], rn = recv_elems[size_t(p)];
+    if (sn > 0) {
+      const ncclResult_t rc = ncclSend(src + so * elem_bytes, sn, type, p, comm, stream);
+      if (!accepted(rc)) {
+        result = rc, *call = "ncclSend";
+        break;
+      }
+    }
+    if (rn > 0) {
+      const ncclResult_t rc = ncclRecv(dst + ro * elem_bytes, rn, type, p, comm, stream);
+      if (!accepted(rc)) {
+        result = rc, *call = "ncclRecv";
+        break;
+      }
+    }
+    so += sn;
+    ro += rn;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (accepted(result)) result = end, *call = "ncclGroupEnd";  // the first error is the one reported
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<Work> NcclCommunicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows,
+                                                     const Tensor& out, const std::vector<int64_t>& recv_rows) {
+  const int64_t row = all_to_all_v_row_elems(in, send_rows, out, recv_rows, size_);
+  auto f = begin("all_to_all_v (NCCL)");
+  const size_t ranks = static_cast<size_t>(size_);
+  std::vector<size_t> send(ranks), recv(ranks);
+  int64_t bytes = 0;
+  for (int p = 0; p < size_; ++p) {
+    send[size_t(p)] = size_t(send_rows[size_t(p)] * row);
+    recv[size_t(p)] = size_t(recv_rows[size_t(p)] * row);
+    if (p != rank_) bytes += int64_t(send[size_t(p)] * dtype_size(in.dtype()));
+  }
+  const char* call = nullptr;
+  const ncclResult_t result = post_exchange(static_cast<const char*>(in.raw()), send, static_cast<char*>(out.raw()),
+                                            recv, nccl_type(in.dtype()), dtype_size(in.dtype()), comm_,
+                                            dev_.comm_stream(), &call);
+  auto w = finish(std::move(f), result, call, {in, out});
+  count(CollectiveKind::kAllToAll, bytes);
+  return w;
+}
+
 std::unique_ptr<Work> NcclCommunicator::all_to_all(const Tensor& in, const Tensor& out) {
   if (in.numel() != out.numel() || in.numel() % size_) throw std::invalid_argument("all_to_all: sizes");
   same_dtype(in, out, "all_to_all");
   auto f = begin("all_to_all (NCCL)");
-  const size_t n = size_t(in.numel() / size_), block = n * dtype_size(in.dtype());
-  const ncclDataType_t type = nccl_type(in.dtype());
-  const auto* src = static_cast<const char*>(in.raw());
-  auto* dst = static_cast<char*>(out.raw());
-  // One group so all transfers progress together (separate sends and receives on one stream
-  // would wait for each other). Once opened, the group is always closed, even after a failed
-  // call, so NCCL's per-thread group state stays balanced.
-  const auto accepted = [](ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; };
-  ncclResult_t result = ncclGroupStart();
-  const char* call = "ncclGroupStart";
-  if (accepted(result)) {
-    for (int p = 0; p < size_; ++p) {
-      ncclResult_t r = ncclSend(src + size_t(p) * block, n, type, p, comm_, dev_.comm_stream());
-      if (!accepted(r)) {
-        result = r, call = "ncclSend";
-        break;
-      }
-      r = ncclRecv(dst + size_t(p) * block, n, type, p, comm_, dev_.comm_stream());
-      if (!accepted(r)) {
-        result = r, call = "ncclRecv";
-        break;
-      }
-    }
-    const ncclResult_t end = ncclGroupEnd();
-    if (accepted(result)) result = end, call = "ncclGroupEnd";  // the first error is the one reported
-  }
+  const std::vector<size_t> blocks(size_t(size_), size_t(in.numel() / size_));
+  const char* call = nullptr;
+  const ncclResult_t result = post_exchange(static_cast<const char*>(in.raw()), blocks, static_cast<char*>(out.raw()),
+                                            blocks, nccl_type(in.dtype()), dtype_size(in.dtype()), comm_,
+                                            dev_.comm_stream(), &call);
   auto w = finish(std::move(f), result, call, {in, out});
   count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
   return w;

@@ -79,6 +79,9 @@ class NcclCommunicator final : public Communicator {
   /// One NCCL group of size() ncclSend / ncclRecv pairs (rank j gets block j of in); in and out
   /// must not overlap.
   std::unique_ptr<Work> all_to_all(const Tensor& in, const Tensor& out) override;
+  /// One NCCL group of ncclSend / ncclRecv per peer with a non-empty block.
+  std::unique_ptr<Work> all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, const Tensor& out,
+                                     const std::vector<int64_t>& recv_rows) override;
   /// A host barrier over the MPI communicator of the group. It does not wait for device work:
   /// call CudaDevice::synchronize() first when that is needed.
   void barrier() override;

@@ -64,6 +64,20 @@ class CpuDevice final : public Device {
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+  /// Mixture-of-Experts kernels (cpu_moe.cpp): one task per token row; every sum runs in a
+  /// fixed order, so results do not depend on the thread count.
+  void moe_router_forward(const Tensor& logits, const Tensor& bias, const MoeRouting& r, bool select,
+                          const Tensor& scores, const Tensor& topk, const Tensor& gates) override;
+  void moe_router_backward(const Tensor& dgates, const Tensor& scores, const Tensor& topk, const MoeRouting& r,
+                           const Tensor& dscores_extra, const Tensor& dlogits) override;
+  double moe_z_loss(const Tensor& logits, float grad_scale, const Tensor& dlogits) override;
+  void moe_aux_stats(const Tensor& scores, const Tensor& sample, MoeScoreFunc f, const Tensor& sums) override;
+  void moe_aux_backward(const Tensor& coef, const Tensor& sample, const Tensor& scores, MoeScoreFunc f,
+                        const Tensor& dscores) override;
+  void gather_rows(const Tensor& src, const Tensor& index, const Tensor& dst) override;
+  void moe_combine(const Tensor& y, const Tensor& rows, const Tensor& gates, const Tensor& out) override;
+  void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& rows, const Tensor& gates,
+                            const Tensor& dy, const Tensor& dgates) override;
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
                        const Tensor& db) override;

@@ -11,9 +11,9 @@
 /// grad_weight, matmul C with beta = 1) stay f32; kernels accumulate in f32 whatever the input.
 ///
 /// Host synchronization happens only where a value is needed on the host: download,
-/// cross_entropy / cross_entropy_combine (the loss), sum_squares (the gradient norm) and
-/// synchronize(). A token or target id outside the vocabulary sets a device flag that the next
-/// of those calls turns into std::out_of_range.
+/// cross_entropy / cross_entropy_combine (the loss), moe_z_loss (the router z-loss),
+/// sum_squares (the gradient norm) and synchronize(). A token or target id outside the
+/// vocabulary sets a device flag that the next of those calls turns into std::out_of_range.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -129,6 +129,33 @@ class CudaDevice final : public Device {
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
                                 const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+  /// Mixture-of-Experts kernels (moe.cu), same arithmetic as CpuDevice's (cpu_moe.cpp) and
+  /// deterministic: no atomics, every sum in an order fixed by the shapes. The router kernels
+  /// (forward, backward, z-loss, the balance-loss gradient) give each token row one warp, the
+  /// top-k a warp arg-max per chosen expert; gather_rows, moe_combine and
+  /// moe_combine_backward give each output (token) row one block over its columns in 16-byte
+  /// vectors where alignment allows; moe_aux_stats sums fixed 256-row chunks per (sample,
+  /// expert), then the chunks in order. Router tensors (logits, bias, scores, gates, dgates,
+  /// dlogits, sums, coef) are f32, index tensors i32, activations f32 or bf16 (one dtype per
+  /// call, f32 accumulation). Index operands are trusted, as checking them would cost a host
+  /// synchronization: an index out of range is never dereferenced, and turns the outputs it
+  /// feeds into NaN instead (an unknown sample id in moe_aux_stats contributes nothing).
+  /// moe_z_loss synchronizes the compute stream (it returns the loss) and so, like the other
+  /// synchronizing calls, throws std::out_of_range for a bad id an earlier kernel flagged; the
+  /// others are asynchronous. @throws std::invalid_argument on shapes or dtypes (messages as
+  /// the CPU's).
+  void moe_router_forward(const Tensor& logits, const Tensor& bias, const MoeRouting& r, bool select,
+                          const Tensor& scores, const Tensor& topk, const Tensor& gates) override;
+  void moe_router_backward(const Tensor& dgates, const Tensor& scores, const Tensor& topk, const MoeRouting& r,
+                           const Tensor& dscores_extra, const Tensor& dlogits) override;
+  double moe_z_loss(const Tensor& logits, float grad_scale, const Tensor& dlogits) override;
+  void moe_aux_stats(const Tensor& scores, const Tensor& sample, MoeScoreFunc f, const Tensor& sums) override;
+  void moe_aux_backward(const Tensor& coef, const Tensor& sample, const Tensor& scores, MoeScoreFunc f,
+                        const Tensor& dscores) override;
+  void gather_rows(const Tensor& src, const Tensor& index, const Tensor& dst) override;
+  void moe_combine(const Tensor& y, const Tensor& rows, const Tensor& gates, const Tensor& out) override;
+  void moe_combine_backward(const Tensor& dout, const Tensor& y, const Tensor& rows, const Tensor& gates,
+                            const Tensor& dy, const Tensor& dgates) override;
   void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& y) override;
   void swiglu_backward(const Tensor& dy, const Tensor& a, const Tensor& b, const Tensor& da,
                        const Tensor& db) override;

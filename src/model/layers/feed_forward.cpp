@@ -1,14 +1,15 @@
 #include "model/layers/feed_forward.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include "model/layers/primitives.hpp"
 
 namespace meshtrain {
 
-FeedForward::FeedForward(const ModelArgs& a, int layer_id, const std::string& prefix, const TensorParallel& tp)
-    : name_(prefix + "feed_forward") {
-  const int64_t h = a.ffn_dim();
+FeedForward::FeedForward(const ModelArgs& a, int layer_id, std::string name, int64_t hidden, const TensorParallel& tp)
+    : name_(std::move(name)) {
+  const int64_t h = hidden;
   const InitSpec base{InitSpec::Kind::kTruncNormal, 0.02, 2.0};
   const InitSpec depth{InitSpec::Kind::kTruncNormal, 0.02 / std::sqrt(2.0 * (layer_id + 1)), 2.0};
   w1 = make_parameter(name_ + ".w1.weight", {h, a.dim}, base);

@@ -5,12 +5,15 @@
 
 namespace meshtrain {
 
-/// w1, w3 [H, D], w2 [D, H] with H = ModelArgs::ffn_dim(). forward: [N, D] → [N, D], N per
+/// w1, w3 [H, D], w2 [D, H]: H = ModelArgs::ffn_dim() for a dense block, num_shared_experts ·
+/// moe_inter_dim for a MoE block's shared experts. forward: [N, D] → [N, D], N per
 /// tp_local_tokens. Under tensor parallelism w1, w3 are column-parallel and w2 row-parallel
 /// over the hidden units (chunk_range: ⌈H/tp⌉ per rank), one tp_exit each way.
 class FeedForward final : public Layer {
  public:
-  FeedForward(const ModelArgs& args, int layer_id, const std::string& prefix, const TensorParallel& tp);
+  /// `name` prefixes the weights' names (layers.{i}.feed_forward, layers.{i}.moe.shared_experts);
+  /// `hidden` is H. @throws std::invalid_argument when tp leaves a rank no hidden unit.
+  FeedForward(const ModelArgs& args, int layer_id, std::string name, int64_t hidden, const TensorParallel& tp);
   const std::string& name() const override { return name_; }
   std::vector<Parameter*> parameters() override { return {&w1, &w2, &w3}; }
   Tensor forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) override;

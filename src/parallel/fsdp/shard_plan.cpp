@@ -13,7 +13,7 @@ std::pair<int64_t, int64_t> block_rows(const Dim0Shard& s, int64_t k) {
 }
 }  // namespace
 
-ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank) {
+ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank, const ParamFilter& select) {
   if (group < 1 || rank < 0 || rank >= group)
     throw std::invalid_argument("shard plan: rank " + std::to_string(rank) + " of a group of " + std::to_string(group));
   ShardPlan plan;
@@ -33,6 +33,7 @@ ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank)
     ShardUnit& su = plan.units[size_t(plan.unit_of[u])];
     su.members.push_back(u);
     for (Parameter* p : model.unit_parameters(u)) {
+      if (select && !select(*p)) continue;
       ShardedParam sp;
       sp.param = p;
       sp.shard = dim0_shard(p->local_shape, group, rank);

@@ -39,9 +39,14 @@ struct ShardPlan {
 /// Rounds an element count up to a multiple of 16 (64-byte aligned views).
 inline int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
 
-/// The plan of `model` for rank `rank` of a shard group of `group` ranks.
+/// Which parameters a plan covers (an empty function: all of them).
+using ParamFilter = std::function<bool(const Parameter&)>;
+
+/// The plan of `model` for rank `rank` of a shard group of `group` ranks, over the parameters
+/// `select` admits (expert parallelism shards the routed experts over another group than the
+/// rest); every executor unit still gets a sharding unit, possibly without parameters.
 /// @throws std::invalid_argument for group < 1 or rank outside [0, group).
-ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank);
+ShardPlan make_shard_plan(const Transformer& model, int64_t group, int64_t rank, const ParamFilter& select = {});
 
 /// The unsharded tensor of a parameter as a flat [R·C] view (its value or its gradient, in
 /// whatever buffer holds it).

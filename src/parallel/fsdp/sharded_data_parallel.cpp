@@ -1,5 +1,6 @@
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -19,7 +20,7 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Device& dev, Commun
   if (model.flat_params().defined() != need.params || model.flat_grads().defined() != need.grads)
     throw std::invalid_argument("ShardedDataParallel: the model's storage does not match ZeRO-" +
                                 std::to_string(opt.zero_stage) + " (build it with model_storage_for)");
-  plan_ = make_shard_plan(model, shard.size(), shard.rank());
+  plan_ = make_shard_plan(model, shard.size(), shard.rank(), opt.select);
   units_.resize(plan_.units.size());
   for (size_t f = 0; f < plan_.units.size(); ++f) {
     const ShardUnit& su = plan_.units[f];
@@ -75,6 +76,10 @@ void ShardedDataParallel::timed_wait(Work& w) {
 void ShardedDataParallel::start_gather(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready || s.gather) return;
+  if (plan_.units[f].params.empty()) {  // another instance's unit (expert parallelism): nothing to gather
+    s.params_ready = true;
+    return;
+  }
   trace::Span span("issue all_gather", "comm_issue");
   span.arg("unit", f).arg("group", shard_.name());
   const ShardUnit& su = plan_.units[f];
@@ -102,6 +107,7 @@ void ShardedDataParallel::ensure_params(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready) return;
   start_gather(f);
+  if (s.params_ready) return;  // a unit without parameters of this instance
   {
     trace::Span span("wait all_gather", "comm_wait");
     span.arg("unit", f);
@@ -148,6 +154,7 @@ void ShardedDataParallel::release_params(size_t f) {
 }
 
 void ShardedDataParallel::start_reduce(size_t f) {
+  if (plan_.units[f].params.empty()) return;
   trace::Span span("issue reduce_scatter", "comm_issue");
   span.arg("unit", f).arg("group", shard_.name());
   UnitState& s = units_[f];
@@ -209,16 +216,10 @@ void ShardedDataParallel::retire(bool block) {
     if (r.staging.defined()) dev_.add(s.shard_grads, r.staging, 1.0f);
     // Issued in reduce-scatter order, which every rank shares, so replicas pair up.
     if (r.last && replicate_ && replicate_->size() > 1) {
-      ReplicaReduction rr;
-      rr.target = s.shard_grads;
-      Tensor t = s.shard_grads;
-      if (wire_bf16()) {
-        rr.wire = dev_.empty(s.shard_grads.shape(), DType::kBF16, MemCategory::kCommunication);
-        dev_.cast(rr.wire, s.shard_grads);
-        t = rr.wire;
-      }
-      rr.work = replicate_->all_reduce(t, ReduceOp::kSum);
-      replicas_.push_back(std::move(rr));
+      if (opt_.replicate_at_finish)
+        pending_replicas_.push_back(r.unit);
+      else
+        start_replica(r.unit);
     }
     reductions_.pop_front();
   }
@@ -233,6 +234,20 @@ void ShardedDataParallel::retire(bool block) {
     if (rr.wire.defined()) dev_.cast(rr.target, rr.wire);
     replicas_.pop_front();
   }
+}
+
+void ShardedDataParallel::start_replica(size_t f) {
+  UnitState& s = units_[f];
+  ReplicaReduction rr;
+  rr.target = s.shard_grads;
+  Tensor t = s.shard_grads;
+  if (wire_bf16()) {
+    rr.wire = dev_.empty(s.shard_grads.shape(), DType::kBF16, MemCategory::kCommunication);
+    dev_.cast(rr.wire, s.shard_grads);
+    t = rr.wire;
+  }
+  rr.work = replicate_->all_reduce(t, ReduceOp::kSum);
+  replicas_.push_back(std::move(rr));
 }
 
 void ShardedDataParallel::pre_forward(size_t u, int64_t) {
@@ -283,11 +298,19 @@ void ShardedDataParallel::set_micro_batch_role(bool first, bool last) {
 
 void ShardedDataParallel::begin_evaluation() { eval_ = true; }
 
-void ShardedDataParallel::finish_gradients() { retire(true); }
+void ShardedDataParallel::finish_gradients() {
+  retire(true);
+  if (pending_replicas_.empty()) return;
+  std::sort(pending_replicas_.begin(), pending_replicas_.end());  // unit order, the same on every rank
+  for (size_t f : pending_replicas_) start_replica(f);
+  pending_replicas_.clear();
+  retire(true);
+}
 
 double ShardedDataParallel::grad_sum_squares(Device& dev, std::vector<double>* each) {
   double s = local_sum_squares(dev, shards_, each);
   shard_.all_reduce_host(&s, 1, ReduceOp::kSum);
+  if (opt_.norm_group && opt_.norm_group->size() > 1) opt_.norm_group->all_reduce_host(&s, 1, ReduceOp::kSum);
   return s;
 }
 

@@ -53,6 +53,17 @@ struct ShardedOptions {
   /// PyTorch's pipeline stages set it): one all-gather per unit and step, whatever order the
   /// schedule runs micro-batches in, instead of one per backward.
   bool reduce_once_per_step = false;
+  /// The parameters this instance shards (empty: all). Expert parallelism runs two instances:
+  /// the routed experts over efsdp, everything else over fsdp (ComposedGradientSync).
+  ParamFilter select = {};
+  /// A further group over which this instance's squared gradient norm is summed: ep for the
+  /// experts' instance, whose shard group (efsdp) holds only this rank's experts.
+  Communicator* norm_group = nullptr;
+  /// HSDP: issue the all-reduces over dp_replicate only in finish_gradients(), in unit order,
+  /// instead of as each reduce-scatter retires. A second instance sharing the dp_replicate
+  /// communicator needs it: collectives on one communicator must be issued in the same order
+  /// on every rank, and retirement times differ between ranks.
+  bool replicate_at_finish = false;
 };
 
 /// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
@@ -83,7 +94,8 @@ class ShardedDataParallel final : public GradientSync {
   void begin_evaluation() override;
   void finish_gradients() override;
   const std::vector<LocalShard>& local_shards() const override { return shards_; }
-  /// Σ g² over this rank's gradient rows, summed over the fsdp group (replicas hold equal shards).
+  /// Σ g² over this rank's gradient rows, summed over the shard group (replicas hold equal
+  /// shards) and ShardedOptions::norm_group.
   double grad_sum_squares(Device& dev, std::vector<double>* each = nullptr) override;
   void after_optimizer_step() override;
   void gather_full_parameters() override;
@@ -138,6 +150,8 @@ class ShardedDataParallel final : public GradientSync {
   std::vector<LocalShard> shards_;
   std::deque<Reduction> reductions_;            // reduce-scatters, in issue order
   std::deque<ReplicaReduction> replicas_;        // HSDP all-reduces, in issue order
+  std::vector<size_t> pending_replicas_;         // replicate_at_finish: units whose all-reduce waits
+  void start_replica(size_t f);
   bool first_ = true, last_ = true;  // set_micro_batch_role's role of the current backward
   bool eval_ = false;
   bool full_precision_ = false;  // gather_full_parameters(): f32 values, whatever param_dtype
