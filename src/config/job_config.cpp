@@ -243,12 +243,6 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
 
 ParallelDims JobConfig::validate(int64_t world_size) const {
   const ParallelDims d = validate_layout(world_size);
-  // Two FSDP instances (experts over efsdp, the rest over fsdp) share each unit's bf16 compute
-  // buffer, which assumes one instance per unit.
-  if (d.ep > 1 && training.mixed_precision_param == "bfloat16")
-    fail(*this, "parallelism.expert_parallel_degree",
-         "expert_parallel_degree " + str(d.ep) + " > 1 with [training] mixed_precision_param = \"bfloat16\" is not "
-         "implemented yet (expert parallelism trains in float32 for now)");
   if (!refusals.empty()) throw ConfigError(refusals.front());
   if (parallelism.zero_stage < 3 && d.dp_shard * d.cp == 1)
     fail(*this, "parallelism.zero_stage",

@@ -76,7 +76,6 @@ Transformer::Transformer(const ModelArgs& args, Device& dev, ModelStorage storag
     if (storage.grads) p->grad = flat_grads_.view(p->local_shape, p->flat_offset);
     if (flat_compute_.defined()) p->compute = flat_compute_.view(p->local_shape, p->flat_offset);
   }
-  unit_compute_.resize(units_.size());
   stale_.assign(params_.size(), 1);
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i]] = i;
 }
@@ -98,15 +97,24 @@ std::vector<Parameter*> Transformer::used_parameters(size_t u) const {
 
 void Transformer::ensure_compute(size_t u) {
   if (compute_dtype_ == DType::kF32) return;
-  const std::vector<Parameter*> ps = unit_parameters(u);
-  if (!flat_compute_.defined() && !ps.empty() && !ps.front()->compute.defined()) {
-    // FSDP: a buffer for this unit's own parameters while they are gathered.
+  if (!flat_compute_.defined()) {
+    // FSDP: one buffer for this unit's parameters that have no compute copy yet (all of them,
+    // or those of the FSDP instance that gathered in f32). The views keep it alive.
+    std::vector<Parameter*> unbound;
     int64_t n = 0;
-    for (Parameter* p : ps) n = std::max(n, p->flat_offset - ps.front()->flat_offset + shape_numel(p->local_shape));
-    unit_compute_[u] = dev_.empty({n}, compute_dtype_, MemCategory::kCommunication);
-    for (Parameter* p : ps) {
-      p->compute = unit_compute_[u].view(p->local_shape, p->flat_offset - ps.front()->flat_offset);
-      stale_[index_of(p)] = 1;
+    for (Parameter* p : unit_parameters(u))
+      if (!p->compute.defined()) {
+        unbound.push_back(p);
+        n += (shape_numel(p->local_shape) + kAlign - 1) / kAlign * kAlign;
+      }
+    if (!unbound.empty()) {
+      const Tensor buf = dev_.empty({n}, compute_dtype_, MemCategory::kCommunication);
+      int64_t off = 0;
+      for (Parameter* p : unbound) {
+        p->compute = buf.view(p->local_shape, off);
+        off += (shape_numel(p->local_shape) + kAlign - 1) / kAlign * kAlign;
+        stale_[index_of(p)] = 1;
+      }
     }
   }
   for (Parameter* p : used_parameters(u)) {
@@ -119,23 +127,22 @@ void Transformer::ensure_compute(size_t u) {
   }
 }
 
-void Transformer::params_changed(size_t u) {
-  for (Parameter* p : unit_parameters(u)) stale_[index_of(p)] = 1;
+void Transformer::params_changed(const std::vector<Parameter*>& ps) {
+  for (Parameter* p : ps) stale_[index_of(p)] = 1;
 }
 
 void Transformer::params_changed() { std::fill(stale_.begin(), stale_.end(), 1); }
 
-void Transformer::compute_written(size_t u) {
-  for (Parameter* p : unit_parameters(u)) stale_[index_of(p)] = 0;
+void Transformer::compute_written(const std::vector<Parameter*>& ps) {
+  for (Parameter* p : ps) stale_[index_of(p)] = 0;
 }
 
-void Transformer::release_compute(size_t u) {
+void Transformer::release_compute(const std::vector<Parameter*>& ps) {
   if (flat_compute_.defined()) return;
-  for (Parameter* p : unit_parameters(u)) {
+  for (Parameter* p : ps) {
     p->compute = Tensor();
     stale_[index_of(p)] = 1;
   }
-  unit_compute_[u] = Tensor();
 }
 
 std::vector<int64_t> Transformer::block_index() const {

@@ -114,20 +114,22 @@ class Transformer {
   /// Makes Parameter::compute current for every parameter unit u reads (its own, and the tied
   /// embedding for the output head): casts value → compute where the value changed since the
   /// last cast. Binds compute into the model's flat bf16 buffer, or, when the model does not
-  /// hold replicated parameters (FSDP), into a per-unit buffer until release_compute(u).
-  /// No-op for f32. @throws std::logic_error when a value is not bound (FSDP: not gathered).
+  /// hold replicated parameters (FSDP), binds the unit's parameters that have no compute copy
+  /// into one new buffer, which lives until release_compute unbinds them all. Parameters whose
+  /// copies another owner bound (FSDP's bf16 gather; with expert parallelism two FSDP
+  /// instances each bind their own) are left where they are. No-op for f32.
+  /// @throws std::logic_error when a value is not bound (FSDP: not gathered).
   void ensure_compute(size_t u);
-  /// The values of unit u's parameters changed (optimizer step, gather, load): the next
-  /// ensure_compute recasts them.
-  void params_changed(size_t u);
-  /// Every parameter's value changed.
+  /// The values of `ps` changed (gather, load): the next ensure_compute recasts them.
+  void params_changed(const std::vector<Parameter*>& ps);
+  /// Every parameter's value changed (optimizer step, load).
   void params_changed();
-  /// Unit u's own parameters had their compute copies written directly (FSDP's bf16 gather):
-  /// they are current, nothing to recast.
-  void compute_written(size_t u);
-  /// Unbinds unit u's compute copies (FSDP after resharding) and drops its per-unit buffer.
-  /// No-op when the model holds a flat compute buffer.
-  void release_compute(size_t u);
+  /// The compute copies of `ps` were written directly (FSDP's bf16 gather): they are current,
+  /// nothing to recast.
+  void compute_written(const std::vector<Parameter*>& ps);
+  /// Unbinds the compute copies of `ps` (FSDP after resharding); a per-unit buffer is freed
+  /// once none of its parameters is bound. No-op when the model holds a flat compute buffer.
+  void release_compute(const std::vector<Parameter*>& ps);
 
  private:
   ModelArgs args_;
@@ -145,7 +147,6 @@ class Transformer {
   Tensor flat_params_, flat_grads_;
   DType compute_dtype_ = DType::kF32;
   Tensor flat_compute_;               // bf16 copies of flat_params_ (mixed precision, params held)
-  std::vector<Tensor> unit_compute_;  // per-unit bf16 buffers when params are not held (FSDP)
   std::vector<char> stale_;           // per parameter (params_ order): compute needs a recast
   std::unordered_map<const Parameter*, size_t> index_;  // position in params_
   /// Parameters unit u reads: unit_parameters(u), plus the tied embedding for the head.

@@ -337,7 +337,6 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--model.num_experts=4", "--model.moe_inter_dim=32", "--parallelism.expert_parallel_degree=2", "--parallelism.data_parallel_shard_degree=2", "--training.device=cuda", "--training.mixed_precision_param=bfloat16"}, 2, "[parallelism] expert_parallel_degree:"},
       {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},
   };
   for (const auto& [ov, world, want] : cases) {

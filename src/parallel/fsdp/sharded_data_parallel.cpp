@@ -9,6 +9,16 @@
 
 namespace meshtrain {
 
+namespace {
+// The parameters a sharding unit holds (of this instance only, under expert parallelism).
+std::vector<Parameter*> params_of(const ShardUnit& su) {
+  std::vector<Parameter*> ps;
+  ps.reserve(su.params.size());
+  for (const ShardedParam& sp : su.params) ps.push_back(sp.param);
+  return ps;
+}
+}  // namespace
+
 ModelStorage model_storage_for(int zero_stage) { return ModelStorage{zero_stage < 3, zero_stage < 2}; }
 
 ShardedDataParallel::ShardedDataParallel(Transformer& model, Device& dev, Communicator& shard, Communicator* replicate,
@@ -124,7 +134,7 @@ void ShardedDataParallel::ensure_params(size_t f) {
     s.gather_send = Tensor();
     s.gather_recv = Tensor();
     s.params_ready = true;
-    for (size_t u : su.members) model_.compute_written(u);
+    model_.compute_written(params_of(su));
     return;
   }
   if (shards_params()) {
@@ -142,13 +152,14 @@ void ShardedDataParallel::ensure_params(size_t f) {
   s.gather_send = Tensor();
   s.gather_recv = Tensor();
   s.params_ready = true;
-  for (size_t u : su.members) model_.params_changed(u);  // mixed precision: recast on next use
+  model_.params_changed(params_of(su));  // mixed precision: recast on next use
 }
 
 void ShardedDataParallel::release_params(size_t f) {
   UnitState& s = units_[f];
   for (const ShardedParam& sp : plan_.units[f].params) sp.param->value = Tensor();
-  for (size_t u : plan_.units[f].members) model_.release_compute(u);
+  // Only this instance's parameters: another instance (expert parallelism) may hold the rest.
+  model_.release_compute(params_of(plan_.units[f]));
   s.full_values = Tensor();
   s.params_ready = false;
 }
