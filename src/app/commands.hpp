@@ -29,4 +29,9 @@ int cmd_ckpt(int argc, char** argv);
 /// bubble fraction against the papers' formula, and peak in-flight micro-batches. Serial.
 int cmd_pp(int argc, char** argv);
 
+/// `meshtrain plan --deck FILE --gpus N [--hardware NAME|FILE] [--top K] [--fixed KEYS]
+/// [--write-deck OUT] [--json OUT] [--plot OUT.png]` (plan_cmd.cpp): every valid layout of the
+/// deck's model and batch on N devices with its predicted memory and speed. Serial.
+int cmd_plan(int argc, char** argv);
+
 }  // namespace meshtrain::app

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     if (cmd == "layout") return app::cmd_layout(argc - 2, argv + 2);
     if (cmd == "ckpt") return app::cmd_ckpt(argc - 2, argv + 2);
     if (cmd == "pp") return app::cmd_pp(argc - 2, argv + 2);
+    if (cmd == "plan") return app::cmd_plan(argc - 2, argv + 2);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return kExitConfig;

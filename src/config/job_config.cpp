@@ -253,7 +253,7 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
          "\"" + parallelism.fsdp_reshard_after_forward + "\" applies to sharded parameters (zero_stage 3), but zero_stage is " +
              str(parallelism.zero_stage) + " (parameters stay replicated)");
   // The plan's own rules first, so that a pp deck that could never run says why.
-  if (d.pp > 1) pipeline_plan(d);
+  if (d.pp > 1) pipeline_plan(d, false);
   if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")
     fail(*this, "training.mixed_precision_param",
          "bfloat16 needs [training] device = \"cuda\" (the cpu device is the float32 reference)");

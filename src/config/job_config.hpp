@@ -77,6 +77,9 @@ struct TrainingSection {
   /// Cap on the memory each rank's device allocator may hold, GiB (0: the device's own memory):
   /// an allocation past it stops the run with an out-of-memory error naming this key.
   double memory_limit_gib = 0;
+  /// Hardware catalog entry or file of train's start-up prediction (plan/hardware.hpp); "" =
+  /// "cpu" for device cpu, "h100_sxm" for cuda.
+  std::string hardware;
   /// Steps in a row whose loss or gradient norm is NaN / inf that are skipped (no optimizer
   /// update, logged) before the run stops; 0 = stop at the first (Megatron skips fp16 overflow).
   int64_t skip_nonfinite_steps = 0;
@@ -272,6 +275,10 @@ struct JobConfig {
   ///         does not divide by pp or that the model cannot fill, and a CSV file that is missing,
   ///         does not parse or validate, or disagrees with the deck's pp, stages or m.
   PipelinePlan pipeline_plan(const ParallelDims& dims) const;
+  /// The same checks; `with_schedule` false leaves plan.schedule empty (validate() needs only
+  /// the verdict; generated schedules are made once per (name, pp, m, stages per rank) and
+  /// process, then reused).
+  PipelinePlan pipeline_plan(const ParallelDims& dims, bool with_schedule) const;
   /// The stage split alone, [pp × stages per rank] (no schedule, no batch rule): what
   /// validate_layout() checks. @throws ConfigError as pipeline_plan() for the split rules.
   std::vector<StageLayers> pipeline_stages(const ParallelDims& dims) const;

@@ -266,6 +266,10 @@ std::vector<Option> build_option_table() {
     s.str("mixed_precision_reduce", &TrainingSection::mixed_precision_reduce,
           "dtype in which data-parallel gradients are reduced (summed into float32 gradients either way)",
           {"float32", "bfloat16"});
+    s.str("hardware", &TrainingSection::hardware,
+          "hardware catalog entry (inputs/hardware/catalog.toml: a100_40gb, a100_80gb, h100_sxm, h100_pcie, h100_nvl, h200, "
+          "b200, gb200, cpu) or catalog file whose prediction of memory and step time train prints at start-up, "
+          "warning when the predicted peak exceeds the device; \"\" = cpu for device cpu, h100_sxm for cuda");
     s.real("memory_limit_gib", &TrainingSection::memory_limit_gib,
            "cap on each rank's device memory (its allocator's reserved bytes), GiB: an allocation past it stops the "
            "run with an out-of-memory error; 0 = the device's own memory (a CPU node's share per rank, a smaller "

@@ -1,6 +1,9 @@
 #include "config/pipeline_plan.hpp"
 
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "config/option_registry.hpp"
@@ -56,7 +59,45 @@ PipelineSchedule csv_schedule(const JobConfig& c, int pp, int v, int m) {
   return s;
 }
 
+// make_schedule() per (name, pp, m, v), or its error: generating and validating a schedule
+// costs far more than the rest of validate(), and `meshtrain plan` validates thousands of
+// configurations sharing a few schedules. The schedule is immutable once made.
+std::shared_ptr<const PipelineSchedule> cached_schedule(const std::string& name, int pp, int m, int v) {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::shared_ptr<const PipelineSchedule>, std::string>> memo;
+  const std::string key = name + "/" + str(pp) + "/" + str(m) + "/" + str(v);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = memo.find(key);
+    if (it != memo.end()) {
+      if (!it->second.first) throw ScheduleError(it->second.second);
+      return it->second.first;
+    }
+  }
+  std::shared_ptr<const PipelineSchedule> made;
+  std::string error;
+  try {
+    made = std::make_shared<const PipelineSchedule>(make_schedule(name, pp, m, v));
+  } catch (const ScheduleError& e) {
+    error = e.what();
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  memo.emplace(key, std::make_pair(made, error));
+  if (!made) throw ScheduleError(error);
+  return made;
+}
+
 }  // namespace
+
+bool schedule_verdict(const std::string& name, int pp, int m, int v, std::string* why) {
+  try {
+    cached_schedule(name, pp, m, v);
+    return true;
+  } catch (const std::exception& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
 
 std::vector<StageLayers> JobConfig::pipeline_stages(const ParallelDims& d) const {
   const int64_t n_layers = model_args().n_layers;
@@ -82,7 +123,9 @@ std::string describe_stage_placement(const PipelinePlan& plan) {
   return out;
 }
 
-PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d) const {
+PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d) const { return pipeline_plan(d, true); }
+
+PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d, bool with_schedule) const {
   PipelinePlan plan;
   const int64_t local = training.local_batch_size;
   if (d.pp == 1) {  // no pipeline: the whole local batch is one micro-batch of the one stage
@@ -104,7 +147,8 @@ PipelinePlan JobConfig::pipeline_plan(const ParallelDims& d) const {
     return plan;
   }
   try {
-    plan.schedule = make_schedule(parallelism.pipeline_parallel_schedule, pp, m, v);
+    const std::shared_ptr<const PipelineSchedule> s = cached_schedule(parallelism.pipeline_parallel_schedule, pp, m, v);
+    if (with_schedule) plan.schedule = *s;
   } catch (const ScheduleError& e) {
     rethrow(*this, e);
   }

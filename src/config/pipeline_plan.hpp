@@ -38,6 +38,11 @@ struct PipelinePlan {
   int64_t microbatches = 1;     ///< m, micro-batches per pipeline round
 };
 
+/// Whether make_schedule(name, pp, m, v) succeeds (its rules and the generated lists' checks),
+/// memoized per process — the verdict JobConfig::pipeline_plan() reaches for a generated
+/// schedule. `why` receives the error otherwise. Throws nothing.
+bool schedule_verdict(const std::string& name, int pp, int m, int v, std::string* why = nullptr);
+
 /// Lines naming every pp rank's stages and their layers, one per pp rank:
 /// "  pp rank 0: stage 0 (embedding + layers 0-2) stage 2 (layers 6-8)" — what the start-up log
 /// and `meshtrain layout` print. Empty when the plan has no schedule (pp = 1). Throws nothing.

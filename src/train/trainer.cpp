@@ -32,6 +32,7 @@
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "parallel/mixed_precision.hpp"
 #include "parallel/tp_grads.hpp"
+#include "plan/planner.hpp"
 #include "train/device_comms.hpp"
 #include "train/nonfinite_guard.hpp"
 #include "train/pipeline_runtime.hpp"
@@ -191,6 +192,7 @@ Trainer::Trainer(const JobConfig& cfg, const ParallelDims& dims, const TokenStor
   dcomms_ = std::make_unique<DeviceComms>(comms_, *device_, world, layout, cfg.comm.init_timeout_seconds);
   pc_ = make_parallel_context(world_, comms_, *dcomms_);
   peak_flops_ = device_->peak_flops(&peak_measured_);
+  log_prediction();
   build_model();
   resume();
   open_outputs();
@@ -363,6 +365,39 @@ void Trainer::open_outputs() {
   tokens_seen_ = resumed_.tokens_seen;
   first_step_ = resumed_.step + 1;
   summary_.unigram_entropy = unigram_;
+}
+
+void Trainer::log_prediction() {
+  // The hardware is checked on every rank (a wrong key stops all of them the same way); the
+  // prediction is rank 0's to print.
+  const std::string& key = cfg_.training.hardware;
+  HardwareSpec hw;
+  try {
+    hw = find_hardware(!key.empty() ? key : cfg_.training.device == "cpu" ? "cpu" : "h100_sxm");
+  } catch (const ConfigError& e) {
+    throw ConfigError(cfg_.origin_of("training.hardware") + ": [training] hardware: " + e.what());
+  }
+  if (!rank0_) return;
+  PlanCandidate c;
+  try {
+    c = predict_deck(cfg_, world_.size(), hw);
+  } catch (const std::exception& e) {
+    log::info("plan: no prediction for this layout (" + std::string(e.what()) + ")");
+    return;
+  }
+  log::info("plan: predicted on " + hw.name + " per rank: " + describe_memory(c.memory) + "; step " +
+            fmt("%.3g s", c.time.step_s) + " (compute " + fmt("%.3g", c.time.compute_s) + ", exposed communication " +
+            fmt("%.3g", c.time.exposed_comm_s) + ", bubble " + fmt("%.3g", c.time.bubble_s) + "), " +
+            fmt("%.0f", c.time.tokens_per_s_per_device) + " tokens/s per rank, MFU " + fmt("%.1f%%", 100 * c.time.mfu) +
+            " (meshtrain plan --deck ... explains; [training] hardware picks the catalog entry)");
+  const double limit = cfg_.training.memory_limit_gib > 0 ? cfg_.training.memory_limit_gib * 1073741824.0
+                                                          : hw.memory_bytes * (1 - hw.fragmentation);
+  if (double(c.memory.total) > limit)
+    log::warn("plan: the predicted peak of " + human_bytes(double(c.memory.total)) + " per rank exceeds " +
+              human_bytes(limit) + (cfg_.training.memory_limit_gib > 0 ? " ([training] memory_limit_gib)"
+                                                                      : " (" + hw.name + " less its fragmentation margin)") +
+              "; `meshtrain plan --deck " + (cfg_.deck_path.empty() ? std::string("DECK") : cfg_.deck_path) + " --gpus " +
+              std::to_string(world_.size()) + "` lists layouts that fit");
 }
 
 void Trainer::log_start() {

@@ -109,6 +109,10 @@ class Trainer {
   void resume();
   void open_outputs();
   void log_start();
+  /// Rank 0 logs the planner's prediction of memory and step time for this run's layout
+  /// (plan/planner.hpp), warning when the predicted peak exceeds the device or memory_limit_gib.
+  /// @throws ConfigError for a [training] hardware that names no catalog entry or file.
+  void log_prediction();
   void log_step(int64_t step, const StepResult& r);
   void note_peaks();
 

@@ -1,0 +1,422 @@
+#include "plan/activation_model.hpp"
+
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace meshtrain {
+
+namespace {
+
+// Bytes alive in the activations category and their high-water mark.
+struct Live {
+  int64_t now = 0, peak = 0;
+  int64_t phase = 0;  // the high-water mark since begin_phase()
+  void alloc(int64_t b) {
+    now += b;
+    peak = std::max(peak, now);
+    phase = std::max(phase, now);
+  }
+  void begin_phase() { phase = now; }
+  void free(int64_t b) { now -= b; }
+};
+
+// The sizes one micro-batch's layers allocate (bytes; see the header's symbols).
+struct Sizes {
+  int64_t beta, N, n, D, Q, K, F, V, hq, hk;
+  bool sp;      // sequence parallelism with tp > 1: gathers and reduce-scatters allocate
+  bool qk_norm;
+  // MoE
+  int64_t E = 0, k = 0, H = 0, Hs = 0, rows_in = 0;
+  bool ep = false, aux = false;
+  int64_t b = 0;
+  int64_t nD() const { return n * D * beta; }
+  int64_t ND() const { return N * D * beta; }
+};
+
+// tp_enter: an all-gather into a new [N, D] tensor under sequence parallelism, else the input.
+int64_t enter(Live& m, const Sizes& s) {
+  if (!s.sp) return 0;
+  m.alloc(s.ND());
+  return s.ND();
+}
+
+// tp_exit of a [N, D] partial sum: under sequence parallelism a new [n, D] shard, the partial
+// freed when the caller's local dies (the caller frees it); otherwise the sum in place.
+void exit_alloc(Live& m, const Sizes& s) {
+  if (s.sp) m.alloc(s.nD());
+}
+
+// Attention::forward on its normed input (alive, nD). Returns the bytes it saves (beside the
+// normed input, which it saves itself without sequence parallelism: counted in the return).
+// At return the output (nD) is alive; everything else not saved is freed.
+int64_t attention_forward(Live& m, const Sizes& s, bool keep) {
+  int64_t saved = s.sp ? enter(m, s) : s.nD();  // x: the gathered copy, or the normed input itself
+  auto project = [&](int64_t width, int64_t heads) {
+    m.alloc(s.N * width * s.beta);  // the projection
+    saved += s.N * width * s.beta;
+    if (s.qk_norm) {  // rmsnorm_forward saves its input and rstd; its output is the new q / k
+      m.alloc(s.N * width * s.beta + s.N * heads * 4);
+      saved += s.N * width * s.beta + s.N * heads * 4;
+    }
+  };
+  project(s.Q, s.hq);
+  project(s.K, s.hk);
+  m.alloc(s.N * s.K * s.beta);  // v
+  m.alloc(s.N * s.Q * s.beta);  // o
+  m.alloc(s.N * s.hq * 4);      // lse
+  saved += s.N * s.K * s.beta + s.N * s.Q * s.beta + s.N * s.hq * 4;
+  m.alloc(s.ND());  // the output projection
+  exit_alloc(m, s);
+  if (s.sp) m.free(s.ND());
+  // Not kept (activation checkpointing's first pass): the locals die at return. The normed
+  // input (not ours without sp) is the caller's.
+  if (!keep) m.free(saved - (s.sp ? 0 : s.nD()));
+  return saved;
+}
+
+// FeedForward::forward on its normed input; the same contract as attention_forward.
+int64_t ffn_forward(Live& m, const Sizes& s, int64_t width, bool keep) {
+  int64_t saved = s.sp ? enter(m, s) : s.nD();
+  m.alloc(3 * s.N * width * s.beta);  // a, b, h
+  saved += 3 * s.N * width * s.beta;
+  m.alloc(s.ND());
+  exit_alloc(m, s);
+  if (s.sp) m.free(s.ND());
+  if (!keep) m.free(saved - (s.sp ? 0 : s.nD()));
+  return saved;
+}
+
+// MoE::forward on its normed input [n, D] (routed experts on local tokens, shared experts
+// tensor-parallel like a FeedForward). Returns the bytes saved besides the input.
+int64_t moe_forward(Live& m, const Sizes& s, bool keep) {
+  const int64_t n = s.n, R = n * s.k;
+  int64_t saved = 0;
+  const int64_t router = 2 * n * s.E * 4 + 2 * n * s.k * 4;  // logits, scores; topk, gates
+  m.alloc(router);
+  m.alloc(n * s.k * 4 + R * 4);  // rows (saved), src
+  m.alloc(R * s.D * s.beta);     // xs
+  saved += router + n * s.k * 4;
+  int64_t re = R;
+  if (s.ep) {
+    m.alloc(2 * s.E * 4);       // counts sent and received
+    m.free(s.E * 4);            // the sent counts die with start_exchange
+    re = s.rows_in;
+    m.alloc(2 * re * 4);        // perm, inv_perm
+    m.alloc(re * s.D * s.beta); // xe, in (local expert, source) order
+    saved += s.E * 4 + 2 * re * 4;
+  }
+  saved += re * s.D * s.beta;   // xe (xs itself without ep)
+  m.alloc(3 * re * s.H * s.beta + re * s.D * s.beta);  // a, b, h; the experts' output
+  saved += 3 * re * s.H * s.beta;
+  if (s.ep) m.alloc(R * s.D * s.beta);  // the output back in this rank's order
+  saved += R * s.D * s.beta;            // y
+  m.alloc(s.nD());                      // the combined output
+  if (s.aux) {
+    m.alloc(n * 4 + s.b * s.E * 4);  // sample ids, coefficients
+    saved += n * 4 + s.b * s.E * 4;
+  }
+  m.free(R * 4);  // src
+  if (s.ep) m.free(R * s.D * s.beta + re * s.D * s.beta);  // xs and the experts' output rows
+  if (s.Hs > 0) {  // the shared experts: a FeedForward over the same input
+    saved += ffn_forward(m, s, s.Hs, true) - (s.sp ? 0 : s.nD());
+    m.free(s.nD());  // its output, added into ours
+  }
+  if (!keep) m.free(saved);
+  return saved;
+}
+
+// FeedForward::backward with its saved tensors alive; dout [n, D] alive (the caller's).
+// Leaves dx [n, D] alive and frees what it saved.
+void ffn_backward(Live& m, const Sizes& s, int64_t width, int64_t saved) {
+  const int64_t dout_g = enter(m, s);
+  m.alloc(3 * s.N * width * s.beta);  // dh, da, db
+  m.alloc(s.ND());                    // dx
+  exit_alloc(m, s);
+  m.free(dout_g + 3 * s.N * width * s.beta + (s.sp ? s.ND() : 0));
+  m.free(saved);  // its saved tensors, the normed input included, die with its locals
+}
+
+// MoE::backward with its saved tensors (`saved`, without its input) and its input alive.
+// Leaves dx [n, D] alive; frees the rest, the input included.
+void moe_backward(Live& m, const Sizes& s, int64_t saved) {
+  const int64_t n = s.n, R = n * s.k;
+  int64_t shared = 0;
+  if (s.Hs > 0) {  // the shared experts first: their saved tensors die at once, their dx stays
+    const int64_t dout_g = enter(m, s);
+    m.alloc(3 * s.N * s.Hs * s.beta + s.ND());
+    exit_alloc(m, s);
+    m.free(dout_g + 3 * s.N * s.Hs * s.beta + (s.sp ? s.ND() : 0));
+    const int64_t sh_saved = (s.sp ? s.ND() : 0) + 3 * s.N * s.Hs * s.beta;
+    m.free(sh_saved);
+    saved -= sh_saved;
+    shared = s.nD();
+  }
+  const int64_t re = s.ep ? s.rows_in : R;
+  const int64_t temps = R * s.D * s.beta + n * s.k * 4                 // dy, dgates
+                        + (s.ep ? re * s.D * s.beta : 0)                 // dy at the experts
+                        + 3 * re * s.H * s.beta                          // dh, da, db
+                        + 2 * re * s.D * s.beta                          // dxe, dxe3
+                        + (s.ep ? R * s.D * s.beta : 0)                  // dxs back here
+                        + (s.aux ? n * s.E * 4 : 0) + n * s.E * 4        // balance-loss and router grads
+                        + (s.beta != 4 ? n * s.E * s.beta : 0);          // dlogits in the activation dtype
+  m.alloc(temps);
+  m.alloc(s.nD());  // dx
+  m.free(temps + shared + saved + s.nD() /* the input */);
+}
+
+// Attention::backward with its saved tensors alive; dh [n, D] alive. Leaves dx [n, D].
+void attention_backward(Live& m, const Sizes& s, int64_t saved) {
+  const int64_t dout_g = enter(m, s);
+  m.alloc(s.N * s.Q * s.beta);                            // d_o
+  m.alloc(s.N * s.Q * s.beta);                            // dq
+  m.alloc(2 * s.N * s.K * s.beta);                        // dk, dv
+  if (s.qk_norm) {  // each norm's backward allocates a new gradient and frees its saved pair
+    m.alloc(s.N * s.K * s.beta);
+    m.free(s.N * s.K * s.beta + s.N * s.hk * 4);
+    m.alloc(s.N * s.Q * s.beta);
+    m.free(s.N * s.Q * s.beta + s.N * s.hq * 4);
+    saved -= s.N * s.K * s.beta + s.N * s.hk * 4 + s.N * s.Q * s.beta + s.N * s.hq * 4;
+  }
+  m.alloc(s.ND());  // dx
+  exit_alloc(m, s);
+  const int64_t grads = s.N * s.Q * s.beta * 2 + 2 * s.N * s.K * s.beta + (s.qk_norm ? s.N * (s.Q + s.K) * s.beta : 0);
+  m.free(dout_g + grads + (s.sp ? s.ND() : 0));
+  m.free(saved);  // its saved tensors, the normed input included
+}
+
+struct BlockSaved {
+  int64_t attn = 0, ffn = 0;  // what each sub-layer saved (including a normed input it keeps)
+  int64_t total = 0;          // + the block input, the two rstd and the residual h
+};
+
+// TransformerBlock::forward; the input x [n, D] is alive (the previous unit's output) and is
+// saved by the first norm. At return the output [n, D] is alive.
+BlockSaved block_forward(Live& m, const Sizes& s, bool moe, bool keep) {
+  BlockSaved b;
+  m.alloc(s.nD() + s.n * 4);  // attention_norm: y1, rstd1
+  b.attn = attention_forward(m, s, keep);
+  if (s.sp || !keep) m.free(s.nD());  // y1: a temporary unless attention saved it
+  // h (the attention output, alive) is saved by add_rmsnorm; y2 and rstd2:
+  m.alloc(s.nD() + s.n * 4);
+  b.ffn = moe ? moe_forward(m, s, keep) + s.nD() : ffn_forward(m, s, s.F, keep);
+  if (s.sp || !keep || moe) {
+    // y2 is a temporary unless the FFN saved it (moe saves its input: counted in b.ffn).
+    if (!(moe && keep)) m.free(s.nD());
+  }
+  if (!keep) m.free(s.nD() + 2 * s.n * 4);  // h, rstd1, rstd2 die; the input is the executor's
+  b.total = s.nD() /* input */ + s.n * 4 + b.attn + s.nD() /* h */ + s.n * 4 + b.ffn;
+  return b;
+}
+
+// TransformerBlock::backward with its saved tensors alive and dout [n, D] alive (the
+// executor's, freed after the call). Leaves dx [n, D] alive.
+void block_backward(Live& m, const Sizes& s, bool moe, const BlockSaved& b) {
+  if (moe)
+    moe_backward(m, s, b.ffn - s.nD());
+  else
+    ffn_backward(m, s, s.F, b.ffn);
+  // ffn_norm's backward (residual): dh; frees rstd2, h and the FFN's dx.
+  m.alloc(s.nD());
+  m.free(s.n * 4 + s.nD() + s.nD());
+  attention_backward(m, s, b.attn);
+  // attention_norm's backward: dx; frees rstd1, the block input, the attention's dx, and dh at
+  // the block's return.
+  m.alloc(s.nD());
+  m.free(s.n * 4 + s.nD() + s.nD() + s.nD());
+}
+
+}  // namespace
+
+namespace {
+ActivationPrediction replay_all(const ActivationShape& a);
+}
+
+// Memoized per shape: the planner predicts the same micro-batch under many other knobs.
+std::shared_ptr<const ActivationPrediction> predict_activations(const ActivationShape& a) {
+  const ModelArgs& g = a.args;
+  std::vector<int64_t> key = {g.dim, g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim, g.vocab_size, g.ffn_dim(),
+                              g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts, g.n_dense_layers,
+                              g.moe_layer_step, int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch,
+                              a.seq_len, a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
+                              a.recompute_every, a.in_flight, a.pp_microbatches};
+  if (!a.stages || a.stages->empty()) throw std::invalid_argument("predict_activations: no stage");
+  for (const ActivationShape::Stage& st : *a.stages) {
+    key.push_back(int64_t(st.embedding) + 2 * int64_t(st.head));
+    key.push_back(st.blocks.empty() ? -1 : st.blocks.front());
+    key.push_back(int64_t(st.blocks.size()));
+  }
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      uint64_t h = 1469598103934665603ull;  // FNV-1a over the values
+      for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
+      return size_t(h);
+    }
+  };
+  static std::mutex mu;
+  static std::unordered_map<std::vector<int64_t>, std::shared_ptr<const ActivationPrediction>, Hash> memo;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+  }
+  auto p = std::make_shared<const ActivationPrediction>(replay_all(a));
+  std::lock_guard<std::mutex> lock(mu);
+  if (memo.size() > 65536) memo.clear();
+  memo.emplace(key, p);
+  return p;
+}
+
+namespace {
+ActivationPrediction replay_all(const ActivationShape& a) {
+  const ModelArgs& g = a.args;
+  if (a.micro_batch < 1 || a.seq_len < 1 || a.cp < 1 || a.tp < 1 || a.ep < 1 || a.in_flight < 1)
+    throw std::invalid_argument("predict_activations: sizes must be >= 1");
+  if (a.seq_len % a.cp || g.n_heads % a.tp || g.n_kv_heads % a.tp)
+    throw std::invalid_argument("predict_activations: seq_len " + std::to_string(a.seq_len) + " over cp " +
+                                std::to_string(a.cp) + " or heads over tp " + std::to_string(a.tp) + " do not split");
+  Sizes s{};
+  s.beta = a.act_bytes;
+  s.b = a.micro_batch;
+  s.N = a.micro_batch * (a.seq_len / a.cp);
+  s.sp = a.tp > 1 && a.sequence_parallel;
+  s.n = s.sp ? s.N / a.tp : s.N;
+  s.D = g.dim;
+  s.hq = g.n_heads / a.tp;
+  s.hk = g.n_kv_heads / a.tp;
+  s.Q = s.hq * g.head_dim;
+  s.K = s.hk * g.head_dim;
+  s.F = g.ffn_dim() / a.tp;
+  s.V = (g.vocab_size + a.tp - 1) / a.tp;
+  s.qk_norm = g.qk_norm;
+  if (g.num_experts > 0) {
+    s.E = g.num_experts;
+    s.k = g.top_k;
+    s.H = g.moe_inter_dim;
+    s.Hs = g.num_shared_experts * g.moe_inter_dim / a.tp;
+    s.ep = a.ep > 1;
+    s.rows_in = s.n * g.top_k;  // balanced routing: as many rows arrive as leave
+    s.aux = g.aux_loss_coeff > 0;
+  }
+
+  ActivationPrediction out;
+  const int64_t T = a.seq_len;  // RoPE tables cover the whole sequence on every rank
+  out.persistent = 2 * T * (g.head_dim / 2) * 4;
+  const int64_t context = 2 * s.N * 4;  // token ids and targets (i32) of the micro-batch
+
+  auto recomputed = [&](int64_t block) {
+    return a.recompute_every == 1 || (a.recompute_every > 1 && block % a.recompute_every == 0);
+  };
+  // One micro-batch through `st`, forward then backward, with `held` bytes of other
+  // micro-batches alive; returns the high-water mark and sets `kept` to what its forward keeps.
+  struct Replay {
+    int64_t peak = 0, kept = 0;
+    std::vector<int64_t> fwd, bwd, after;  // per unit, forward order
+  };
+  auto replay = [&](const ActivationShape::Stage& st, int64_t held) {
+    Replay r;
+    Live m;
+    m.alloc(out.persistent + held);
+    std::vector<BlockSaved> saved(st.blocks.size());
+    const int64_t start = m.now;
+    m.alloc(context);
+    m.begin_phase();
+    if (st.embedding) {
+      m.alloc(s.ND());  // the looked-up rows of every local token
+      if (s.sp) {
+        m.alloc(s.nD());
+        m.free(s.ND());
+      }
+      r.fwd.push_back(m.phase);
+    } else {
+      m.alloc(s.nD());  // the stage input received from the previous stage
+    }
+    for (size_t i = 0; i < st.blocks.size(); ++i) {
+      m.begin_phase();
+      saved[i] = block_forward(m, s, g.is_moe_layer(st.blocks[i]), !recomputed(st.blocks[i]));
+      r.fwd.push_back(m.phase);
+    }
+    m.begin_phase();
+    if (st.head) {
+      m.alloc(s.nD() + s.n * 4);   // norm output and rstd
+      if (s.sp) {                  // the gathered normed input; the shard is freed
+        m.alloc(s.ND());
+        m.free(s.nD());
+      }
+      m.alloc(s.N * s.V * s.beta); // logits, overwritten in place by their gradient
+      r.fwd.push_back(m.phase);
+    } else {
+      m.free(s.nD());              // the stage output, sent
+    }
+    r.kept = m.now - start;
+    std::vector<int64_t> bwd, after;  // reverse order, flipped below
+    m.begin_phase();
+    if (st.head) {
+      m.alloc(s.ND());  // dh
+      if (s.sp) {
+        m.alloc(s.nD());
+        m.free(s.ND());
+      }
+      m.alloc(s.nD());  // the norm's dx
+      m.free(s.n * 4 + s.nD() /* input */ + s.ND() + s.N * s.V * s.beta + s.nD() /* dh */);
+      bwd.push_back(m.phase);
+      after.push_back(m.now);
+    } else {
+      m.alloc(s.nD());  // the gradient received from the next stage
+    }
+    for (size_t i = st.blocks.size(); i-- > 0;) {
+      m.begin_phase();
+      const bool moe = g.is_moe_layer(st.blocks[i]);
+      if (recomputed(st.blocks[i])) {
+        const int64_t before = m.now;
+        saved[i] = block_forward(m, s, moe, true);
+        m.free(m.now - before - (saved[i].total - s.nD()));  // the rerun's output, dropped
+      }
+      block_backward(m, s, moe, saved[i]);
+      m.free(s.nD());  // the incoming gradient, replaced by the block's dx
+      bwd.push_back(m.phase);
+      after.push_back(m.now);
+    }
+    if (st.embedding) {
+      m.begin_phase();
+      m.free(enter(m, s));
+      bwd.push_back(m.phase);
+      after.push_back(m.now);
+    }
+    r.bwd.assign(bwd.rbegin(), bwd.rend());
+    r.after.assign(after.rbegin(), after.rend());
+    r.peak = m.peak;
+    return r;
+  };
+
+  const std::vector<ActivationShape::Stage>& stages = *a.stages;
+  // Earlier micro-batches of a pipeline schedule hold their forwards' bytes (those of the
+  // stage keeping the most) while one more runs through the stage that peaks highest.
+  int64_t biggest = 0;
+  for (const ActivationShape::Stage& st : stages) {
+    const int64_t kept = replay(st, 0).kept;
+    biggest = std::max(biggest, kept);
+    out.per_microbatch_rank += kept;
+  }
+  out.per_microbatch = biggest;
+  int64_t held = (a.in_flight - 1) * biggest;
+  if (a.pp_microbatches > 0)  // started micro-batches' contexts; one receive posted ahead
+    held += std::max<int64_t>(0, a.pp_microbatches - a.in_flight) * context + s.nD();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    Replay r = replay(stages[i], held);
+    if (r.peak > out.peak) {
+      out.peak = r.peak;
+      out.stage = i;
+      out.forward_by_unit = std::move(r.fwd);
+      out.backward_by_unit = std::move(r.bwd);
+      out.after_backward_by_unit = std::move(r.after);
+    }
+  }
+  return out;
+}
+}  // namespace
+
+}  // namespace meshtrain

@@ -1,0 +1,446 @@
+#include "plan/memory_model.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "graph/executor.hpp"
+#include "model/parameter_catalog.hpp"
+#include "parallel/pipeline/simulate.hpp"
+#include "plan/activation_model.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+int64_t a16(int64_t x) { return (x + 15) / 16 * 16; }
+
+// One parameter as a rank holds it: rows × row elements (tp-local, experts split over ep).
+struct Held {
+  int64_t rows = 0, cols = 1;
+  bool expert = false;
+  bool tp_partial = false;  // its gradient is summed over tp after backward (tp_grads)
+  int64_t block = -1;  // -1: embedding or head
+  bool embedding = false, head = false;
+};
+
+// The tp-local parameters of the whole model (tp rank 0, which holds the most), cached per
+// (model, tp, ep): the catalog walks every parameter name, and the planner asks often.
+const std::vector<Held>& held_parameters(const ModelArgs& args, int64_t tp, int64_t ep, bool sp) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<Held>> cache;
+  const std::string key = args.name + "/" + args.flavor + "/" + std::to_string(args.dim) + "/" +
+                          std::to_string(args.n_layers) + "/" + std::to_string(args.vocab_size) + "/" +
+                          std::to_string(args.ffn_dim()) + "/" + std::to_string(args.num_experts) + "/" +
+                          std::to_string(args.moe_inter_dim) + "/" + std::to_string(args.num_shared_experts) + "/" +
+                          std::to_string(args.n_heads) + "/" + std::to_string(args.n_kv_heads) + "/" +
+                          std::to_string(args.head_dim) + "/" + std::to_string(int(args.qk_norm)) + "/" +
+                          std::to_string(int(args.tie_word_embeddings)) + "/" + std::to_string(args.n_dense_layers) +
+                          "/" + std::to_string(args.moe_layer_step) + "/" + std::to_string(tp) + "/" + std::to_string(ep) + "/" +
+                          std::to_string(int(sp));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  TensorParallel t;
+  t.size = tp;
+  t.rank = 0;
+  t.sequence_parallel = sp;
+  const ParameterCatalog cat(args, t);
+  std::vector<Held> out;
+  for (const CatalogEntry& e : cat.entries()) {
+    const Parameter& p = e.meta;
+    Held h;
+    h.block = e.block;
+    h.expert = p.name.find(".experts.w") != std::string::npos;
+    h.rows = p.local_shape.empty() ? 1 : p.local_shape[0];
+    if (h.expert) h.rows /= ep;
+    for (size_t k = 1; k < p.local_shape.size(); ++k) h.cols *= p.local_shape[k];
+    h.embedding = p.name == "tok_embeddings.weight";
+    h.tp_partial = tp > 1 && p.sharding.tp_partial_grad;
+    h.head = e.block < 0 && !h.embedding;
+    out.push_back(h);
+  }
+  return cache.emplace(key, std::move(out)).first->second;
+}
+
+// What one pp rank runs.
+struct Part {
+  std::vector<int64_t> blocks;
+  bool embedding = true, head = true;
+  std::vector<ActivationShape::Stage> stages;
+};
+
+std::vector<Part> parts_of(const ModelArgs& args, const PipelinePlan* plan) {
+  if (!plan || plan->schedule.pp <= 1) {
+    Part whole;
+    for (int64_t i = 0; i < args.n_layers; ++i) whole.blocks.push_back(i);
+    whole.stages = {ActivationShape::Stage{whole.blocks, true, true}};
+    return {whole};
+  }
+  std::vector<Part> parts(size_t(plan->schedule.pp));
+  for (int r = 0; r < plan->schedule.pp; ++r) {
+    Part& p = parts[size_t(r)];
+    p.embedding = p.head = false;
+    for (int st : plan->schedule.stages_of(r)) {
+      const StageLayers& s = plan->stages[size_t(st)];
+      ActivationShape::Stage stage{{}, s.embedding, s.head};
+      for (int64_t i = 0; i < s.num_layers; ++i) stage.blocks.push_back(s.first_layer + i);
+      p.blocks.insert(p.blocks.end(), stage.blocks.begin(), stage.blocks.end());
+      p.stages.push_back(std::move(stage));
+      p.embedding |= s.embedding;
+      p.head |= s.head;
+    }
+    std::sort(p.blocks.begin(), p.blocks.end());
+  }
+  return parts;
+}
+
+// The simulator's peak in-flight stage micro-batches of every pp rank, cached per schedule.
+std::vector<int> in_flight(const PipelinePlan& plan) {
+  static std::mutex mu;
+  static std::map<std::string, std::vector<int>> cache;
+  const PipelineSchedule& s = plan.schedule;
+  const std::string key = s.name + "/" + std::to_string(s.pp) + "/" + std::to_string(s.stages_per_rank) + "/" +
+                          std::to_string(plan.microbatches);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  const std::vector<int> peak = simulate_schedule(s).peak_in_flight;
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = peak;
+  return peak;
+}
+
+bool holds(const Part& part, const Held& h) {
+  if (h.block >= 0) return std::binary_search(part.blocks.begin(), part.blocks.end(), h.block);
+  if (h.embedding) return part.embedding;
+  return part.head;
+}
+
+// The FSDP / ZeRO buffers in the communication category at their peak, bytes (G·S: a unit's
+// all-gather output and reduce-scatter input; pb: bytes of a gathered parameter).
+int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_t beta, bool cpu) {
+  if (zero == 0 || st.units.empty()) return 0;
+  const int64_t pb = zero == 3 && beta == 2 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+  int64_t all_in = 0;  // every unit's reduce-scatter input at once
+  for (const RankState::Unit& u : st.units) all_in += u.gather;
+  if (zero < 3) {
+    // Each unit's reduce-scatter input is issued as its backward ends. Over MPI on the cpu
+    // backend nothing progresses until the step's final wait, so all are alive at the end of
+    // backward; NCCL retires them as they go (about two in flight). ZeRO-2 also holds the
+    // unsharded gradients of the unit being computed (the first unit, last in backward).
+    const int64_t in_flight = cpu ? all_in : 2 * st.unit_gather_max;
+    return rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
+  }
+  // ZeRO-3, at the end of unit u's backward (reverse order): its gathered parameters, its
+  // unsharded gradients, its reduce-scatter input, the next unit's prefetched all-gather and the
+  // previous unit's reduce-scatter still in flight. Units kept gathered (fsdp_reshard_after_forward
+  // = "never", or a pipeline stage holding them for the step) add their parameters.
+  const bool keep = cfg.parallelism.fsdp_reshard_after_forward == "never" ||
+                    (cfg.parallelism.fsdp_reshard_after_forward == "default" && cfg.parallelism.pipeline_parallel_degree > 1);
+  int64_t kept = 0;
+  if (keep)
+    for (const RankState::Unit& u : st.units) kept += pb * u.full;
+  int64_t peak = 0;
+  const size_t n = st.units.size();
+  for (size_t i = n; i-- > 0;) {
+    const RankState::Unit& u = st.units[i];
+    int64_t live = (keep ? 0 : pb * u.full) + 4 * u.full + rb * u.gather;
+    if (i > 0 && !keep) live += pb * st.units[i - 1].gather;  // prefetched
+    if (i + 1 < n) live += rb * (st.units[i + 1].gather - st.units[i + 1].gather_local);  // not yet retired
+    peak = std::max(peak, live);
+  }
+  return kept + peak;
+}
+
+// The unit keys of a stage in forward order: −2 the embedding, block indices, n_layers the head.
+std::vector<int64_t> unit_keys(const ActivationShape::Stage& stage, int64_t n_layers) {
+  std::vector<int64_t> keys;
+  if (stage.embedding) keys.push_back(-2);
+  keys.insert(keys.end(), stage.blocks.begin(), stage.blocks.end());
+  if (stage.head) keys.push_back(n_layers);
+  return keys;
+}
+
+// ZeRO-3: max over the peak stage's units of activations + FSDP buffers during the same unit's
+// forward or backward (the buffers as in fsdp_buffers, per unit).
+int64_t phase_total(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int64_t beta,
+                    const ParallelDims& d, int64_t n_layers) {
+  const int64_t pb = beta == 2 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+  const std::vector<int64_t> keys = unit_keys(st.stages->at(act.stage), n_layers);
+  const bool keep = cfg.parallelism.fsdp_reshard_after_forward == "never" ||
+                    (cfg.parallelism.fsdp_reshard_after_forward == "default" && d.pp > 1);
+  int64_t kept = 0;
+  if (keep)
+    for (const RankState::Unit& u : st.units) kept += pb * u.full;
+  auto unit = [&](size_t i) -> const RankState::Unit& { return st.units.at(st.unit_of.at(keys[i])); };
+  int64_t best = 0;
+  for (size_t i = 0; i < keys.size() && i < act.forward_by_unit.size(); ++i) {
+    int64_t comm = keep ? kept : pb * unit(i).full;
+    if (i + 1 < keys.size()) comm += pb * unit(i + 1).gather;  // the next unit, prefetched
+    best = std::max(best, act.forward_by_unit[i] + comm);
+  }
+  for (size_t i = 0; i < keys.size() && i < act.backward_by_unit.size(); ++i) {
+    // While the unit computes: its parameters and unsharded gradients, the previous unit's
+    // prefetch, the next unit's reduce-scatter not yet retired; then, once its backward has
+    // returned, its own reduce-scatter input joins them.
+    int64_t comm = (keep ? kept : pb * unit(i).full) + 4 * unit(i).full;
+    if (i > 0 && !keep) comm += pb * unit(i - 1).gather;
+    if (i + 1 < keys.size()) comm += rb * (unit(i + 1).gather - unit(i + 1).gather_local);
+    best = std::max(best, act.backward_by_unit[i] + comm);
+    best = std::max(best, act.after_backward_by_unit[i] + comm + rb * unit(i).gather);
+  }
+  return best;
+}
+
+// ZeRO-1/2: max over the peak stage's units of activations + the reduce-scatter inputs issued
+// so far (every unit after it in forward order; on NCCL about two in flight) + ZeRO-2's
+// unsharded gradients of the unit.
+int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int zero,
+                           bool cpu, int64_t n_layers) {
+  const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+  const std::vector<int64_t> keys = unit_keys(st.stages->at(act.stage), n_layers);
+  auto unit = [&](size_t i) -> const RankState::Unit& { return st.units.at(st.unit_of.at(keys[i])); };
+  int64_t best = 0, issued = 0;
+  std::vector<int64_t> recent;  // reduce-scatter inputs in issue order
+  for (size_t i = keys.size(); i-- > 0;) {
+    if (i >= act.backward_by_unit.size()) continue;
+    int64_t in_flight = issued;
+    if (!cpu) {  // NCCL retires them as it goes: the last two
+      in_flight = 0;
+      for (size_t k = recent.size() >= 2 ? recent.size() - 2 : 0; k < recent.size(); ++k) in_flight += recent[k];
+    }
+    const int64_t grads = zero == 2 ? 4 * unit(i).full : 0;
+    best = std::max(best, act.backward_by_unit[i] + rb * in_flight + grads);
+    best = std::max(best, act.after_backward_by_unit[i] + rb * (in_flight + unit(i).gather) + grads);
+    issued += unit(i).gather;
+    recent.push_back(unit(i).gather);
+  }
+  return best;
+}
+
+
+}  // namespace
+
+namespace {
+std::vector<RankState> compute_rank_states(const ModelArgs& args, const ParallelDims& d, const PipelinePlan* plan,
+                                           bool sequence_parallel);
+}
+
+// Memoized: the planner asks for the same model split under many other knobs (AC, ZeRO stage,
+// batch, dtypes), and the walk over every parameter dominates a candidate's cost otherwise.
+std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args, const ParallelDims& d, const PipelinePlan* plan,
+                                   bool sequence_parallel) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<const std::vector<RankState>>> memo;
+  std::string key = args.name + "/" + args.flavor + "/" + std::to_string(args.dim) + "/" + std::to_string(args.n_layers) +
+                    "/" + std::to_string(args.vocab_size) + "/" + std::to_string(args.num_experts) + "/" +
+                    std::to_string(args.moe_inter_dim) + "/" + std::to_string(args.n_kv_heads) + "/" +
+                    std::to_string(args.ffn_dim()) + "/" + std::to_string(int(args.tie_word_embeddings)) + "/" +
+                    std::to_string(d.tp) + "/" + std::to_string(d.ep) + "/" + std::to_string(d.dp_shard * d.cp) + "/" +
+                    std::to_string(d.pp) + "/" + std::to_string(int(sequence_parallel));
+  if (d.pp > 1 && plan) {
+    key += "/" + plan->schedule.name + "/" + std::to_string(plan->microbatches) + "/" +
+           std::to_string(plan->schedule.stages_per_rank);
+    for (const StageLayers& s : plan->stages) key += "," + std::to_string(s.first_layer) + ":" + std::to_string(s.num_layers);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+  }
+  auto made = std::make_shared<const std::vector<RankState>>(compute_rank_states(args, d, plan, sequence_parallel));
+  std::lock_guard<std::mutex> lock(mu);
+  if (memo.size() > 4096) memo.clear();  // bounded: a plan visits a few hundred splits
+  memo.emplace(key, made);
+  return made;
+}
+
+namespace {
+std::vector<RankState> compute_rank_states(const ModelArgs& args, const ParallelDims& d, const PipelinePlan* plan,
+                                           bool sequence_parallel) {
+  const int64_t fsdp = d.dp_shard * d.cp, efsdp = fsdp / std::max<int64_t>(d.ep, 1);
+  const std::vector<Held>& params = held_parameters(args, d.tp, d.ep, sequence_parallel);
+  const std::vector<Part> parts = parts_of(args, d.pp > 1 ? plan : nullptr);
+  const std::vector<int> flight = d.pp > 1 && plan ? in_flight(*plan) : std::vector<int>{1};
+  std::vector<RankState> out;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    const Part& part = parts[r];
+    RankState st;
+    st.blocks = part.blocks;
+    st.embedding = part.embedding;
+    st.head = part.head;
+    st.stages = std::make_shared<const std::vector<ActivationShape::Stage>>(part.stages);
+    st.in_flight = flight[std::min(r, flight.size() - 1)];
+    std::map<int64_t, std::array<int64_t, 4>> unit;  // unit key (forward order) -> full, gather, local gather, experts
+    auto add = [&](const Held& h, int64_t key) {
+      const bool expert = h.expert && d.ep > 1;
+      const int64_t g = expert ? efsdp : fsdp;
+      const int64_t full = a16(h.rows * h.cols), sh = a16((h.rows + g - 1) / g * h.cols);
+      st.flat += full;
+      st.shard += sh;
+      if (expert) st.shard_experts += sh;
+      if (h.tp_partial) st.tp_partial += h.rows * h.cols;
+      auto& u = unit[key];
+      u[0] += full;
+      u[1] += sh * g;
+      if (g == 1) u[2] += sh;
+      if (expert) u[3] += 1;
+    };
+    // The head joins the embedding's unit when it reads the tied weight (shard_plan.cpp).
+    const int64_t head_key = args.tie_word_embeddings && part.embedding ? -2 : args.n_layers;
+    for (const Held& h : params)
+      if (holds(part, h)) add(h, h.block >= 0 ? h.block : (h.embedding ? -2 : head_key));
+    // A tied output projection on a stage without the embedding holds its own copy.
+    if (args.tie_word_embeddings && part.head && !part.embedding)
+      for (const Held& h : params)
+        if (h.embedding) add(h, args.n_layers);
+    for (int64_t b : part.blocks) st.moe_layers += args.is_moe_layer(b) ? 1 : 0;
+    for (const auto& [k, v] : unit) {
+      st.unit_full_max = std::max(st.unit_full_max, v[0]);
+      st.unit_gather_max = std::max(st.unit_gather_max, v[1]);
+      st.unit_of[k] = st.units.size();
+      st.units.push_back({v[0], v[1], v[2]});
+      if (d.ep > 1 && v[3] == 0) ++st.units_without_experts;
+    }
+    if (head_key == -2 && st.unit_of.count(-2)) st.unit_of[args.n_layers] = st.unit_of[-2];
+    st.signature = std::to_string(st.flat) + "/" + std::to_string(st.shard) + "/" + std::to_string(st.in_flight) + "/" +
+                   std::to_string(st.moe_layers) + "/" + std::to_string(int(st.embedding)) + std::to_string(int(st.head));
+    for (const ActivationShape::Stage& sg : *st.stages) {
+      st.signature += "|" + std::to_string(sg.blocks.size()) + std::to_string(int(sg.embedding)) +
+                      std::to_string(int(sg.head));
+      if (args.num_experts > 0)
+        for (int64_t b : sg.blocks) st.signature += args.is_moe_layer(b) ? 'm' : 'd';
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+}  // namespace
+
+MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
+                                std::shared_ptr<const std::vector<RankState>>* states_out,
+                                std::shared_ptr<const ActivationPrediction>* act_out) {
+  const ModelArgs args = cfg.model_args();
+  const int64_t fsdp = d.dp_shard * d.cp;
+  const bool sharded = fsdp > 1;
+  const int zero = sharded ? int(cfg.parallelism.zero_stage) : 0;
+  const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
+  const int64_t beta = bf16 ? 2 : 4;
+  const CheckpointPolicy ac =
+      CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  const int64_t every = ac.mode == CheckpointPolicy::Mode::kFull        ? 1
+                        : ac.mode == CheckpointPolicy::Mode::kSelective ? ac.every
+                                                                        : 0;
+  const bool cpu = cfg.training.device == "cpu";
+
+  MemoryPrediction best;
+  const std::shared_ptr<const std::vector<RankState>> states =
+      rank_states(args, d, plan, cfg.parallelism.enable_sequence_parallel);
+  ActivationShape as;  // filled per rank below; the model arguments copied once
+  as.args = args;
+  std::set<std::string> seen;  // pipeline ranks of the same shape give the same prediction
+  for (const RankState& st : *states) {
+    std::string sig = st.signature;
+    if (every > 1)  // selective recomputation depends on where the rank's blocks start
+      for (const ActivationShape::Stage& sg : *st.stages)
+        sig += "/" + std::to_string(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
+    if (!seen.insert(sig).second) continue;
+    MemoryPrediction m;
+    const int64_t flat = st.flat, shard = st.shard;
+    switch (zero) {
+      case 0:
+        m.parameters = 4 * flat;
+        m.gradients = 4 * flat;
+        m.optimizer = 8 * flat;
+        break;
+      case 1:
+        m.parameters = 4 * flat;
+        m.gradients = 4 * (flat + shard);
+        m.optimizer = 8 * shard;
+        break;
+      case 2:
+        m.parameters = 4 * flat;
+        m.gradients = 4 * shard;
+        m.optimizer = 8 * shard;
+        break;
+      default:
+        m.parameters = 4 * shard;
+        m.gradients = 4 * shard;
+        m.optimizer = 8 * shard;
+    }
+    if (bf16 && zero < 3) m.parameters += 2 * flat;  // the flat bf16 compute copy
+    if (zero > 0) {  // the experts' instance's empty shard buffers
+      m.gradients += st.units_without_experts;
+      if (zero == 3) m.parameters += st.units_without_experts;
+    }
+    m.parameters += st.moe_layers * args.num_experts * 4;  // expert_bias on the device
+
+    as.seq_len = cfg.training.seq_len;
+    as.micro_batch = d.pp > 1 && plan ? plan->microbatch_size : cfg.training.local_batch_size;
+    as.cp = d.cp;
+    as.tp = d.tp;
+    as.ep = d.ep;
+    as.sequence_parallel = cfg.parallelism.enable_sequence_parallel;
+    as.act_bytes = beta;
+    as.recompute_every = every;
+    as.stages = st.stages;
+    as.in_flight = st.in_flight;
+    as.pp_microbatches = d.pp > 1 && plan ? plan->microbatches : 0;
+    const std::shared_ptr<const ActivationPrediction> shared = predict_activations(as);
+    const ActivationPrediction& act = *shared;
+    m.activations = act.peak;
+    if (act_out && act.peak >= best.activations) *act_out = shared;
+
+    // Communication buffers at the step's high-water mark (parallel/fsdp/sharded_data_parallel.cpp).
+    m.communication = fsdp_buffers(st, zero, cfg, beta, cpu);
+    if (st.tp_partial > 0) m.communication = std::max(m.communication, 4 * st.tp_partial);  // tp_grads' packed all-reduce
+    const int64_t tokens = as.micro_batch * (cfg.training.seq_len / d.cp);
+    if (d.cp > 1) {
+      const int64_t kv = 2 * tokens * (args.n_kv_heads / d.tp) * args.head_dim;
+      m.communication += cfg.parallelism.context_parallel_rotate_method == "allgather" ? d.cp * kv * beta
+                                                                                       : 2 * kv * beta + 3 * kv * 4;
+    }
+    if (d.ep > 1) {
+      const int64_t local = cfg.parallelism.enable_sequence_parallel && d.tp > 1 ? tokens / d.tp : tokens;
+      m.communication += local * args.top_k * args.dim * beta;  // the rows in flight
+    }
+    m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
+    // The total: activations and communication buffers summed phase by phase (each unit's
+    // forward and backward), since their peaks fall in different units.
+    const int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, d, args.n_layers)
+                               : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, args.n_layers)
+                                          : act.peak + m.communication;
+    // The cpu backend's start-up rate measurement comes before the model exists.
+    m.total = std::max(m.state() + std::min(coincident, act.peak + m.communication), m.temporaries);
+    // Per category the largest rank (what the run's summary reports), and the largest total.
+    best.parameters = std::max(best.parameters, m.parameters);
+    best.gradients = std::max(best.gradients, m.gradients);
+    best.optimizer = std::max(best.optimizer, m.optimizer);
+    best.activations = std::max(best.activations, m.activations);
+    best.communication = std::max(best.communication, m.communication);
+    best.temporaries = std::max(best.temporaries, m.temporaries);
+    best.total = std::max(best.total, m.total);
+  }
+  if (states_out) *states_out = states;
+  return best;
+}
+
+std::string describe_memory(const MemoryPrediction& m) {
+  auto gib = [](int64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+    return std::string(buf);
+  };
+  return "parameters " + gib(m.parameters) + ", gradients " + gib(m.gradients) + ", optimizer " + gib(m.optimizer) +
+         ", activations " + gib(m.activations) + ", communication " + gib(m.communication) + ", total " +
+         gib(m.total);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,384 @@
+#include "plan/planner.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "config/pipeline_plan.hpp"
+#include "config/toml_value.hpp"
+#include "parallel/pipeline/stage_split.hpp"
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k * k <= n; ++k)
+    if (n % k == 0) {
+      out.push_back(k);
+      if (k != n / k) out.push_back(n / k);
+    }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / double(int64_t(1) << 30));
+  return buf;
+}
+
+const char* kTP = "parallelism.tensor_parallel_degree";
+const char* kPP = "parallelism.pipeline_parallel_degree";
+const char* kCP = "parallelism.context_parallel_degree";
+const char* kEP = "parallelism.expert_parallel_degree";
+const char* kDR = "parallelism.data_parallel_replicate_degree";
+const char* kDS = "parallelism.data_parallel_shard_degree";
+const char* kLB = "training.local_batch_size";
+const char* kMB = "parallelism.pipeline_parallel_microbatch_size";
+const char* kSched = "parallelism.pipeline_parallel_schedule";
+const char* kRot = "parallelism.context_parallel_rotate_method";
+const char* kAC = "activation_checkpoint.mode";
+const char* kZero = "parallelism.zero_stage";
+const char* kReshard = "parallelism.fsdp_reshard_after_forward";
+const char* kReduce = "training.mixed_precision_reduce";
+
+// The PipelinePlan of a (schedule, pp, micro-batches, micro-batch size) key, computed once:
+// generating and validating a schedule costs far more than the rest of a candidate.
+struct PlanCache {
+  std::map<std::string, std::shared_ptr<const PipelinePlan>> plans;
+};
+
+}  // namespace
+
+std::string PlanCandidate::family() const {
+  std::vector<std::string> parts;
+  const int64_t fsdp = dims.dp_shard * dims.cp;
+  if (dims.tp > 1) parts.push_back("TP " + std::to_string(dims.tp));
+  if (dims.cp > 1) parts.push_back("CP " + std::to_string(dims.cp));
+  if (dims.ep > 1) parts.push_back("EP " + std::to_string(dims.ep));
+  if (dims.dp_shard > 1 || (fsdp > 1 && dims.dp_replicate > 1)) {
+    const std::string name = zero == 3 ? "FSDP" : "ZeRO-" + std::to_string(zero);
+    if (dims.dp_replicate > 1)
+      parts.push_back("HSDP " + std::to_string(dims.dp_replicate) + " × " + std::to_string(dims.dp_shard) +
+                      (zero == 3 ? std::string() : " (ZeRO-" + std::to_string(zero) + ")"));
+    else
+      parts.push_back(name + " " + std::to_string(dims.dp_shard));
+  } else if (dims.dp_replicate > 1) {
+    parts.push_back("DDP " + std::to_string(dims.dp_replicate));
+  }
+  if (dims.pp > 1) parts.push_back("PP " + std::to_string(dims.pp));
+  if (parts.empty()) return "single device";
+  std::string s;
+  for (const std::string& p : parts) s += s.empty() ? p : " × " + p;
+  return s;
+}
+
+std::string PlanCandidate::knobs() const {
+  std::string s = "local batch " + std::to_string(local_batch) + ", GA " + std::to_string(grad_accum);
+  if (dims.pp > 1) s += ", " + schedule + " mb " + std::to_string(microbatch);
+  if (dims.cp > 1) s += ", cp " + rotate;
+  s += ac_mode == "none" ? ", no AC" : ac_mode == "full" ? ", full AC" : ", selective AC " + ac_option;
+  if (reshard != "default") s += ", reshard " + reshard;
+  if (reduce_dtype != "float32") s += ", bf16 reduce";
+  return s;
+}
+
+std::map<std::string, std::string> PlanCandidate::deck_keys() const {
+  std::map<std::string, std::string> k;
+  k[kDR] = std::to_string(dims.dp_replicate);
+  k[kDS] = std::to_string(dims.dp_shard);
+  k[kTP] = std::to_string(dims.tp);
+  k[kPP] = std::to_string(dims.pp);
+  k[kCP] = std::to_string(dims.cp);
+  k[kEP] = std::to_string(dims.ep);
+  k[kLB] = std::to_string(local_batch);
+  k[kMB] = std::to_string(microbatch);
+  k[kSched] = toml::quote(schedule);
+  k[kRot] = toml::quote(rotate);
+  k[kAC] = toml::quote(ac_mode);
+  k["activation_checkpoint.selective_ac_option"] = toml::quote(ac_option);
+  k[kZero] = std::to_string(zero);
+  k[kReshard] = toml::quote(reshard);
+  k[kReduce] = toml::quote(reduce_dtype);
+  return k;
+}
+
+const std::vector<std::string>& plan_knobs() {
+  static const std::vector<std::string> k = {kTP, kPP, kCP, kEP, kDR, kDS, kLB, kMB, kSched, kRot, kAC, kZero,
+                                             kReshard, kReduce};
+  return k;
+}
+
+JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
+  JobConfig j = deck;
+  ParallelismSection& p = j.parallelism;
+  p.data_parallel_replicate_degree = c.dims.dp_replicate;
+  p.data_parallel_shard_degree = c.dims.dp_shard;
+  p.tensor_parallel_degree = c.dims.tp;
+  p.pipeline_parallel_degree = c.dims.pp;
+  p.context_parallel_degree = c.dims.cp;
+  p.expert_parallel_degree = c.dims.ep;
+  p.pipeline_parallel_microbatch_size = c.microbatch;
+  p.pipeline_parallel_schedule = c.schedule;
+  p.context_parallel_rotate_method = c.rotate;
+  p.zero_stage = c.zero;
+  p.fsdp_reshard_after_forward = c.reshard;
+  j.training.local_batch_size = c.local_batch;
+  j.training.mixed_precision_reduce = c.reduce_dtype;
+  j.activation_checkpoint.mode = c.ac_mode;
+  j.activation_checkpoint.selective_ac_option = c.ac_option;
+  return j;
+}
+
+namespace {
+
+// Predicts `c` (its dims already validated for `cfg`).
+void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit) {
+  std::shared_ptr<const std::vector<RankState>> states;
+  std::shared_ptr<const ActivationPrediction> act;
+  c.memory = predict_memory(cfg, c.dims, plan, &states, &act);
+  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw);
+  c.fits = double(c.memory.total) <= limit;
+  c.grad_accum = cfg.grad_accum_steps(c.dims);
+}
+
+PlanCandidate from_deck(const JobConfig& d, const ParallelDims& dims) {
+  PlanCandidate c;
+  c.dims = dims;
+  c.local_batch = d.training.local_batch_size;
+  c.microbatch = d.parallelism.pipeline_parallel_microbatch_size;
+  c.schedule = d.parallelism.pipeline_parallel_schedule;
+  c.rotate = d.parallelism.context_parallel_rotate_method;
+  c.ac_mode = d.activation_checkpoint.mode;
+  c.ac_option = d.activation_checkpoint.selective_ac_option;
+  c.zero = int(d.parallelism.zero_stage);
+  c.reshard = d.parallelism.fsdp_reshard_after_forward;
+  c.reduce_dtype = d.training.mixed_precision_reduce;
+  return c;
+}
+
+// Why a configuration does not fit: the total against the limit, and its largest category.
+std::string why_not(const PlanCandidate& c, double limit) {
+  const MemoryPrediction& m = c.memory;
+  std::vector<std::pair<int64_t, std::string>> cats = {{m.parameters, "parameters"},
+                                                       {m.gradients, "gradients"},
+                                                       {m.optimizer, "optimizer"},
+                                                       {m.activations, "activations"},
+                                                       {m.communication, "communication"}};
+  std::sort(cats.rbegin(), cats.rend());
+  return "needs " + gib(double(m.total)) + " > " + gib(limit) + " even at its smallest (" + c.knobs() + "; " +
+         cats[0].second + " " + gib(double(cats[0].first)) + ", " + cats[1].second + " " +
+         gib(double(cats[1].first)) + ")";
+}
+
+}  // namespace
+
+PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareSpec& hw) {
+  const ParallelDims dims = deck.validate(world);
+  PipelinePlan plan;
+  if (dims.pp > 1) plan = deck.pipeline_plan(dims);
+  PlanCandidate c = from_deck(deck, dims);
+  evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation));
+  return c;
+}
+
+PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const HardwareSpec& hw = opts.hardware;
+  const int64_t n = opts.devices;
+  for (const std::string& k : opts.fixed)
+    if (k != "all" && std::find(plan_knobs().begin(), plan_knobs().end(), k) == plan_knobs().end()) {
+      std::string known;
+      for (const std::string& x : plan_knobs()) known += known.empty() ? x : ", " + x;
+      throw ConfigError("--fixed " + k + ": not a key the planner varies (" + known + ", or all)");
+    }
+  auto fixed = [&](const char* key) { return opts.fixed.count("all") || opts.fixed.count(key); };
+  JobConfig base = deck;
+  // The global batch is the deck's: with -1, the deck's own layout on n devices defines it.
+  if (base.training.global_batch_size <= 0) {
+    const ParallelDims own = deck.validate_layout(n);
+    base.training.global_batch_size = deck.global_batch(own);
+  }
+  const int64_t global = base.training.global_batch_size;
+  const ModelArgs a = base.model_args();
+  const bool bf16 = base.training.mixed_precision_param == "bfloat16";
+  const PlanCandidate deck_c = from_deck(deck, ParallelDims{});
+
+  PlanResult res;
+  res.memory_limit = hw.memory_bytes * (1 - hw.fragmentation);
+  PlanCache cache;
+  std::map<std::string, PlanCandidate> best_of, least_of;  // per family
+  const int64_t keep = std::max<int64_t>(opts.top, 1);
+  auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
+    return x.time.tokens_per_s_per_device > y.time.tokens_per_s_per_device;
+  };
+
+  auto pick = [&](const char* key, std::vector<int64_t> all, int64_t deck_value) {
+    return fixed(key) ? std::vector<int64_t>{deck_value} : all;
+  };
+  auto pick_s = [&](const char* key, std::vector<std::string> all, const std::string& deck_value) {
+    return fixed(key) ? std::vector<std::string>{deck_value} : all;
+  };
+  const std::vector<int64_t> div = divisors(n);
+  const ParallelismSection& dp = deck.parallelism;
+  for (int64_t tp : pick(kTP, div, dp.tensor_parallel_degree)) {
+    if (a.n_kv_heads % tp || a.n_heads % tp) continue;
+    for (int64_t pp : pick(kPP, div, dp.pipeline_parallel_degree)) {
+      if (n % (tp * pp) || pp > a.n_layers) continue;
+      for (int64_t cp : pick(kCP, div, dp.context_parallel_degree)) {
+        if (n % (tp * pp * cp) || (cp > 1 && base.training.seq_len % (2 * cp) != 0)) continue;
+        const int64_t dpn = n / (tp * pp * cp);
+        for (int64_t dr : pick(kDR, divisors(dpn), dp.data_parallel_replicate_degree)) {
+          if (dpn % dr) continue;
+          const int64_t ds = dpn / dr;
+          if (fixed(kDS) && dp.data_parallel_shard_degree > 0 && ds != dp.data_parallel_shard_degree) continue;
+          const int64_t fsdp = ds * cp;
+          std::vector<int64_t> eps{1};
+          if (a.num_experts > 0) eps = divisors(fsdp);
+          for (int64_t ep : pick(kEP, eps, dp.expert_parallel_degree)) {
+            if (fsdp % ep || (a.num_experts > 0 && a.num_experts % ep)) continue;
+            if (a.num_experts == 0 && ep > 1) continue;
+            const int64_t dpw = dr * ds;
+            if (global % dpw) continue;
+            for (int64_t lb : pick(kLB, divisors(global / dpw), deck.training.local_batch_size)) {
+              const std::vector<int64_t> mbs = pp > 1 ? divisors(lb) : std::vector<int64_t>{1};
+              for (int64_t mb : pick(kMB, mbs, dp.pipeline_parallel_microbatch_size)) {
+                const std::vector<std::string> scheds =
+                    pp > 1 ? std::vector<std::string>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble",
+                                                      "ZBVZeroBubble"}
+                           : std::vector<std::string>{dp.pipeline_parallel_schedule};
+                for (const std::string& sched : pick_s(kSched, scheds, dp.pipeline_parallel_schedule)) {
+                  // The schedule's own rules (m ≥ pp for 1F1B, …) decide many candidates at
+                  // once: ask the memoized verdict validate() reaches, before building any.
+                  if (pp > 1 && deck.parallelism.pipeline_parallel_schedule_csv.empty()) {
+                    std::string why;
+                    bool ok = true;
+                    try {
+                      const int v = stages_per_rank_for(sched, int(pp), a.n_layers,
+                                                        dp.pipeline_parallel_layers_per_stage.value_or(0),
+                                                        dp.pipeline_parallel_first_stage_less_layers,
+                                                        dp.pipeline_parallel_last_stage_less_layers);
+                      ok = schedule_verdict(sched, int(pp), int(lb / mb), v, &why);
+                    } catch (const std::exception& e) {
+                      ok = false, why = e.what();
+                    }
+                    if (!ok) {
+                      // The candidates the loops below would have made: (ZeRO stage, reshard)
+                      // pairs are 3 + 1 + 1 (only ZeRO-3 varies the reshard policy).
+                      const int64_t zr = fsdp <= 1 ? 1 : fixed(kZero) ? 1 : 3;  // reshard varies only without pp
+                      const int64_t inner = (cp > 1 && !fixed(kRot) ? 2 : 1) * zr *
+                                            (bf16 && (fsdp > 1 || dr > 1) && !fixed(kReduce) ? 2 : 1) *
+                                            (fixed(kAC) ? 1 : 3);
+                      res.enumerated += inner;
+                      const size_t cut = why.find(':', why.find(']'));
+                      res.invalid_reasons[cut == std::string::npos ? why : why.substr(0, cut)] += inner;
+                      continue;
+                    }
+                  }
+                  const std::vector<std::string> rots = cp > 1 ? std::vector<std::string>{"allgather", "alltoall"}
+                                                               : std::vector<std::string>{dp.context_parallel_rotate_method};
+                  for (const std::string& rot : pick_s(kRot, rots, dp.context_parallel_rotate_method)) {
+                    const std::vector<int64_t> zeros =
+                        fsdp > 1 ? std::vector<int64_t>{3, 2, 1} : std::vector<int64_t>{dp.zero_stage};
+                    for (int64_t zero : pick(kZero, zeros, dp.zero_stage)) {
+                      // "default" reshards after forward without pp and keeps the gathered
+                      // parameters with it (TorchTitan's rule): "never" differs only without pp.
+                      const std::vector<std::string> reshards = fsdp > 1 && zero == 3 && pp == 1
+                                                                    ? std::vector<std::string>{"default", "never"}
+                                                                    : std::vector<std::string>{"default"};
+                      for (const std::string& rs : pick_s(kReshard, reshards, dp.fsdp_reshard_after_forward)) {
+                        const std::vector<std::string> reds = bf16 && (fsdp > 1 || dr > 1)
+                                                                  ? std::vector<std::string>{"float32", "bfloat16"}
+                                                                  : std::vector<std::string>{"float32"};
+                        for (const std::string& red : pick_s(kReduce, reds, deck.training.mixed_precision_reduce)) {
+                          const std::vector<std::string> acs = {"none", "selective", "full"};
+                          for (const std::string& acm : pick_s(kAC, acs, deck.activation_checkpoint.mode)) {
+                            ++res.enumerated;
+                            PlanCandidate c = deck_c;
+                            c.dims = ParallelDims{dr, ds, cp, tp, pp, ep};
+                            c.local_batch = lb;
+                            c.microbatch = mb;
+                            c.schedule = sched;
+                            c.rotate = rot;
+                            c.zero = int(zero);
+                            c.reshard = rs;
+                            c.reduce_dtype = red;
+                            c.ac_mode = acm;
+                            if (acm == "selective" && !fixed(kAC)) c.ac_option = "2";
+                            JobConfig cfg = apply_candidate(base, c);
+                            std::shared_ptr<const PipelinePlan> plan;
+                            ParallelDims dims;
+                            try {
+                              dims = cfg.validate(n);
+                              if (pp > 1) {  // the stages and schedule, made once per key
+                                const std::string pkey = sched + "/" + std::to_string(pp) + "/" + std::to_string(lb) +
+                                                         "/" + std::to_string(mb);
+                                auto it = cache.plans.find(pkey);
+                                if (it == cache.plans.end())
+                                  it = cache.plans.emplace(pkey, std::make_shared<PipelinePlan>(cfg.pipeline_plan(dims))).first;
+                                plan = it->second;
+                              }
+                            } catch (const ConfigError& e) {
+                              std::string msg = e.what();
+                              const size_t at = msg.find(": [");
+                              if (at != std::string::npos) msg = msg.substr(at + 2);
+                              const size_t cut = msg.find(':', msg.find(']'));
+                              ++res.invalid_reasons[cut == std::string::npos ? msg : msg.substr(0, cut)];
+                              continue;
+                            }
+                            ++res.valid;
+                            c.dims = dims;
+                            try {
+                              evaluate(cfg, c, plan.get(), hw, res.memory_limit);
+                            } catch (const std::exception& e) {
+                              ++res.invalid_reasons[std::string("prediction: ") + e.what()];
+                              continue;
+                            }
+                            const std::string fam = c.family();
+                            auto lit = least_of.find(fam);
+                            if (lit == least_of.end() || c.memory.total < lit->second.memory.total) least_of[fam] = c;
+                            if (!c.fits) continue;
+                            ++res.fitting;
+                            res.points.emplace_back(double(c.memory.total), c.time.tokens_per_s_per_device);
+                            auto bit = best_of.find(fam);
+                            if (bit == best_of.end() ||
+                                c.time.tokens_per_s_per_device > bit->second.time.tokens_per_s_per_device)
+                              best_of[fam] = c;
+                            // Keep the `top` fastest: a min-heap on tokens/s.
+                            if (int64_t(res.ranked.size()) < keep) {
+                              res.ranked.push_back(std::move(c));
+                              std::push_heap(res.ranked.begin(), res.ranked.end(), faster);
+                            } else if (faster(c, res.ranked.front())) {
+                              std::pop_heap(res.ranked.begin(), res.ranked.end(), faster);
+                              res.ranked.back() = std::move(c);
+                              std::push_heap(res.ranked.begin(), res.ranked.end(), faster);
+                            }
+                          }
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::sort(res.ranked.begin(), res.ranked.end(), faster);
+  for (auto& [fam, c] : best_of) res.best_per_family.push_back(c);
+  std::sort(res.best_per_family.begin(), res.best_per_family.end(), faster);
+  for (auto& [fam, c] : least_of)
+    if (!best_of.count(fam)) res.rejected.emplace_back(c, why_not(c, res.memory_limit));
+  std::sort(res.rejected.begin(), res.rejected.end(),
+            [](const auto& x, const auto& y) { return x.first.memory.total < y.first.memory.total; });
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,63 @@
+#pragma once
+/// @file Step time of one configuration on one hardware entry: compute, exposed communication
+/// per mesh dimension and the tier it crosses, and the pipeline bubble (the decomposition
+/// T_step = T_compute + T_comm − T_overlap + T_idle of the configuration study in the hardware
+/// references, with its formulas corrected; doc/plan.md lists each correction).
+///
+/// Compute, per rank and step (t = tokens a dp × cp replica runs per step = global tokens /
+/// (dp·cp), split over tp and pp):
+///   matmul FLOPs    6·N_active_matmul·t / (tp·pp)        (Kaplan et al. 2020; the forward's
+///                   2·N plus the backward's 4·N; recomputed blocks add their forward's 2·N)
+///   attention FLOPs 6·L·Hq·Dh·T·t / (tp·pp)               (half of 12·L·H·Dh·T: causal flash
+///                   attention skips the masked half; recomputation adds a third)
+///   memory traffic  6 × the activation bytes a micro-batch keeps (each written in forward,
+///                   read in backward, its gradient written and read) + AdamW's 28 bytes per
+///                   local parameter element
+///   T_compute = matmul / (peak · matmul_efficiency) + attention / (peak · attention_efficiency)
+///               + traffic / (bandwidth · memory_efficiency), times ranks / devices when cpu
+///               ranks outnumber a node's cores (they share them).
+/// Communication: the bytes each rank sends per step and dimension (the ring volumes of
+/// perf/comm_volume and layout/comm_volume.hpp; FSDP from the exact shard sizes), over the
+/// bandwidth of the tier its group spans (inside a node: NVLink; across: the network), plus
+/// (group − 1) latency hops per collective. Exposed: all of tensor parallelism, expert
+/// parallelism and all-gather context parallelism (the code waits for them), the part of the
+/// FSDP / ZeRO / data-parallel collectives that comm_overlap × compute cannot hide (the first
+/// unit's gather always shows), the ring's K/V beyond the attention it overlaps.
+/// Bubble: the schedule's textbook fraction (parallel/pipeline/simulate.hpp) × T_compute.
+#include <string>
+#include <vector>
+
+#include "config/job_config.hpp"
+#include "config/pipeline_plan.hpp"
+#include "plan/hardware.hpp"
+#include "plan/memory_model.hpp"
+
+namespace meshtrain {
+
+/// One dimension's traffic.
+struct CommTime {
+  const char* dim = "";   ///< "tp", "fsdp", "efsdp", "dp_replicate", "cp", "ep", "pp"
+  const char* tier = "";  ///< "node" (inside one node) or "network"
+  double bytes = 0;     ///< sent per rank per step
+  double seconds = 0;   ///< if nothing overlapped it
+  double exposed_s = 0; ///< what the step waits for
+};
+
+struct StepTimePrediction {
+  double compute_s = 0;   ///< T_compute (recomputation included)
+  double bubble_s = 0;    ///< pipeline idle
+  std::vector<CommTime> comm;
+  double exposed_comm_s = 0;  ///< Σ exposed
+  double step_s = 0;
+  double tokens_per_s_per_device = 0;
+  double mfu = 0;  ///< flops_per_token (ModelArgs) · tokens / (step · devices · peak)
+};
+
+/// The prediction for `cfg` on `dims` (validated; `plan` as for predict_memory) on `hw`, with
+/// `states` = rank_states(...) of the same configuration. @throws std::invalid_argument when
+/// the hardware has no peak for the run's dtype.
+StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
+                                     const std::vector<RankState>& states, const ActivationPrediction& act,
+                                     const HardwareSpec& hw);
+
+}  // namespace meshtrain
