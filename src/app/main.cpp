@@ -20,6 +20,8 @@ void usage(FILE* out) {
       "  layout --deck FILE --world-size N [--topology FILE] [--csv FILE]   rank layout report\n"
       "  pp schedule --schedule NAME --pp N --microbatches M [--stages-per-rank V]\n"
       "                                                pipeline schedule timeline, bubble and in-flight peak\n"
+      "  plan --deck FILE --gpus N [--hardware NAME|FILE] [--top K] [--fixed KEYS] [--write-deck OUT]\n"
+      "       [--json OUT] [--plot OUT.png]             every valid layout's predicted memory and speed\n"
       "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n"
       "  ckpt export --format safetensors --output DIR FILE\n"
       "                                                Hugging Face model folder (model.safetensors, config.json)\n",

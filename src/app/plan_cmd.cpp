@@ -165,6 +165,12 @@ int cmd_plan(int argc, char** argv) {
   for (std::string k; std::getline(fixed, k, ',');)
     if (!k.empty()) opts.fixed.insert(k);
   const PlanResult r = run_plan(deck, opts);
+  // Nothing valid: the deck's own layout says why, with validate()'s one line (exit 2).
+  if (r.valid == 0) {
+    deck.validate(gpus);
+    throw ConfigError(args.deck + ": no valid configuration on " + std::to_string(gpus) + " devices (" +
+                      std::to_string(r.enumerated) + " enumerated)");
+  }
   const ModelArgs a = deck.model_args();
   const HardwareSpec& hw = opts.hardware;
 

@@ -132,10 +132,12 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
   for (const RankState::Unit& u : st.units) all_in += u.gather;
   if (zero < 3) {
     // Each unit's reduce-scatter input is issued as its backward ends. Over MPI on the cpu
-    // backend nothing progresses until the step's final wait, so all are alive at the end of
-    // backward; NCCL retires them as they go (about two in flight). ZeRO-2 also holds the
+    // backend they progress only inside other MPI calls, so at the end of backward ZeRO-2 holds
+    // them all and ZeRO-1 all but the first issued (measured); NCCL retires them as they go
+    // (about two in flight). ZeRO-2 also holds the
     // unsharded gradients of the unit being computed (the first unit, last in backward).
-    const int64_t in_flight = cpu ? all_in : 2 * st.unit_gather_max;
+    const int64_t first = st.units.size() > 1 ? st.units.back().gather : 0;  // the first issued (backward order)
+    const int64_t in_flight = cpu ? all_in - (zero == 1 ? first : 0) : 2 * st.unit_gather_max;
     return rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
   }
   // ZeRO-3, at the end of unit u's backward (reverse order): its gathered parameters, its
@@ -211,8 +213,11 @@ int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act,
   std::vector<int64_t> recent;  // reduce-scatter inputs in issue order
   for (size_t i = keys.size(); i-- > 0;) {
     if (i >= act.backward_by_unit.size()) continue;
-    int64_t in_flight = issued;
-    if (!cpu) {  // NCCL retires them as it goes: the last two
+    // Over MPI on the cpu backend they progress only inside other MPI calls: ZeRO-2's are all
+    // alive at the end of backward, ZeRO-1's (issued together in the last backward) all but the
+    // first (measured); NCCL retires them as it goes: the last two.
+    int64_t in_flight = zero == 1 && !recent.empty() ? issued - recent.front() : issued;
+    if (!cpu) {
       in_flight = 0;
       for (size_t k = recent.size() >= 2 ? recent.size() - 2 : 0; k < recent.size(); ++k) in_flight += recent[k];
     }

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Predicted against measured step time of `meshtrain plan`'s model on this machine's CPU ranks.
+
+For every layout of tests/plan/memory_accuracy.py (DDP, FSDP, ZeRO-1/2, HSDP, TP, TP x FSDP,
+pipeline schedules, CP, MoE, EP, activation checkpointing) on the wider model: train --steps on
+CPU ranks and take the median step time of the steps after the first two, and ask `meshtrain
+plan --fixed all --hardware cpu` for the same deck. Prints each layout's predicted and measured
+seconds, the error, and the mean absolute error; --json writes them.
+
+The cpu catalog entry models ranks that share a node's cores: its devices_per_node is the
+core count (2 here), and when more ranks than cores run on the node, each rank's compute time
+is multiplied by ranks / cores (they time-slice the cores). Calibration: peak_fp32_flops is
+the single-rank sgemm rate train measures at start-up on this machine; the efficiencies were set
+on the `single` row only (doc/plan.md).
+
+usage: plan_accuracy.py [--meshtrain BIN] [--data H5] [--steps 8] [--json OUT]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "plan"))
+from memory_accuracy import LAYOUTS, MODELS  # noqa: E402
+
+
+def measure(a, tag, np_, over):
+    out = os.path.join(a.out, tag)
+    subprocess.run(["rm", "-rf", out], check=True)
+    cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] if np_ > 1 else []) + [
+        a.meshtrain, "train", "--deck", a.deck, f"--training.dataset={a.data}", f"--job.dump_folder={out}",
+        f"--training.steps={a.steps}", "--validation.enable=false", "--checkpoint.enable=false",
+        "--metrics.log_freq=1"] + over
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode:
+        sys.exit(f"{tag}: training failed\n{res.stderr[-3000:]}")
+    recs = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    times = [r["step_time_s"] for r in recs if "step_time_s" in r and r.get("step", 0) > 2]
+    return statistics.median(times)
+
+
+def predict(a, tag, np_, over):
+    js = os.path.join(a.out, tag + ".plan.json")
+    cmd = [a.meshtrain, "plan", "--deck", a.deck, "--gpus", str(np_), "--fixed", "all", "--hardware", "cpu",
+           "--json", js, f"--training.dataset={a.data}"] + over
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        sys.exit(f"{tag}: meshtrain plan failed\n{res.stderr[-3000:]}")
+    return json.load(open(js))["top"][0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--meshtrain", default=os.path.join(ROOT, "build", "bin", "meshtrain"))
+    ap.add_argument("--deck", default=os.path.join(ROOT, "tests", "equivalence", "tiny.toml"))
+    ap.add_argument("--data", default=os.path.join(ROOT, "build", "tests", "equivalence", "tiny.h5"))
+    ap.add_argument("--out", default="/tmp/meshtrain_plan_accuracy")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--model", default="wide", choices=sorted(MODELS))
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    print(f"{'layout':<16} {'ranks':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}   predicted split")
+    for tag, np_, layout in LAYOUTS:
+        over = MODELS[a.model] + layout
+        m = measure(a, tag, np_, over)
+        p = predict(a, tag, np_, over)
+        err = (p["step_s"] - m) / m
+        rows.append({"layout": tag, "ranks": np_, "measured_s": m, "predicted_s": p["step_s"], "error": err,
+                     "compute_s": p["compute_s"], "exposed_comm_s": p["exposed_comm_s"], "bubble_s": p["bubble_s"]})
+        print(f"{tag:<16} {np_:>5} {m:>11.4f} {p['step_s']:>12.4f} {err:>+8.1%}   compute {p['compute_s']:.4f}, "
+              f"comm {p['exposed_comm_s']:.4f}, bubble {p['bubble_s']:.4f}")
+    mean = sum(abs(r["error"]) for r in rows) / len(rows)
+    print(f"mean absolute error {mean:.1%} over {len(rows)} layouts")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "mean_abs_error": mean}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
