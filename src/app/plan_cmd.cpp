@@ -22,7 +22,7 @@ namespace meshtrain::app {
 namespace {
 
 const char* kUsage =
-    "usage: meshtrain plan --deck FILE --gpus N [--hardware NAME|FILE] [--top K] [--fixed KEY,KEY|all] "
+    "usage: meshtrain plan --deck FILE --gpus N [--hardware NAME|FILE] [--topology FILE] [--top K] [--fixed KEY,KEY|all] "
     "[--write-deck OUT.toml] [--json OUT.json] [--plot OUT.png] [--section.key=value ...]";
 
 std::string gib(double b) {
@@ -143,7 +143,7 @@ void plot(const PlanResult& r, const std::string& png) {
 
 int cmd_plan(int argc, char** argv) {
   const DeckArgs args =
-      parse_deck_args(argc, argv, {"--gpus", "--hardware", "--top", "--fixed", "--write-deck", "--json", "--plot"});
+      parse_deck_args(argc, argv, {"--gpus", "--hardware", "--topology", "--top", "--fixed", "--write-deck", "--json", "--plot"});
   auto value = [&](const char* k, const std::string& dflt) {
     return args.values.count(k) ? args.values.at(k) : dflt;
   };
@@ -160,6 +160,7 @@ int cmd_plan(int argc, char** argv) {
   PlanOptions opts;
   opts.devices = gpus;
   opts.top = top;
+  opts.topology_file = value("--topology", "");
   opts.hardware = find_hardware(value("--hardware", deck.training.device == "cpu" ? "cpu" : "h100_sxm"));
   std::stringstream fixed(value("--fixed", ""));
   for (std::string k; std::getline(fixed, k, ',');)

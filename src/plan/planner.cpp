@@ -137,11 +137,12 @@ JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
 namespace {
 
 // Predicts `c` (its dims already validated for `cfg`).
-void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit) {
+void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
+              const std::vector<RankPlace>& places) {
   std::shared_ptr<const std::vector<RankState>> states;
   std::shared_ptr<const ActivationPrediction> act;
   c.memory = predict_memory(cfg, c.dims, plan, &states, &act);
-  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw);
+  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places);
   c.fits = double(c.memory.total) <= limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
 }
@@ -182,7 +183,8 @@ PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareS
   PipelinePlan plan;
   if (dims.pp > 1) plan = deck.pipeline_plan(dims);
   PlanCandidate c = from_deck(deck, dims);
-  evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation));
+  evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation),
+           placement_for(deck, world, hw, deck.topology.file));
   return c;
 }
 
@@ -210,6 +212,8 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
 
   PlanResult res;
   res.memory_limit = hw.memory_bytes * (1 - hw.fragmentation);
+  const std::vector<RankPlace> places =
+      placement_for(deck, n, hw, opts.topology_file.empty() ? deck.topology.file : opts.topology_file);
   PlanCache cache;
   std::map<std::string, PlanCandidate> best_of, least_of;  // per family
   const int64_t keep = std::max<int64_t>(opts.top, 1);
@@ -333,7 +337,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             ++res.valid;
                             c.dims = dims;
                             try {
-                              evaluate(cfg, c, plan.get(), hw, res.memory_limit);
+                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places);
                             } catch (const std::exception& e) {
                               ++res.invalid_reasons[std::string("prediction: ") + e.what()];
                               continue;

@@ -50,6 +50,9 @@ struct PlanOptions {
   /// Deck keys held at the deck's value: "parallelism.tensor_parallel_degree", … or "all".
   std::set<std::string> fixed;
   int64_t top = 10;  ///< how many of the fastest fitting configurations to keep whole
+  /// Slurm topology.conf whose racks tell which groups cross a leaf switch ("": the deck's
+  /// [topology] file, else its nodes_per_rack).
+  std::string topology_file;
 };
 
 struct PlanResult {

@@ -18,7 +18,7 @@ double ring(int64_t n) { return n > 1 ? double(n - 1) / double(n) : 0.0; }
 
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
-                                     const HardwareSpec& hw) {
+                                     const HardwareSpec& hw, const std::vector<RankPlace>& places) {
   const ModelArgs a = cfg.model_args();
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   const double beta = bf16 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
@@ -79,13 +79,21 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // ---- communication ----
   // Group spans: the mesh is laid out tp innermost, then cp, dp_shard, dp_replicate, pp; ep is
   // the innermost ranks of each fsdp group, efsdp the rest (layout/rank_layout.hpp).
-  auto tier = [&](int64_t stride, int64_t size) { return stride * size <= per_node ? "node" : "network"; };
+  if (int64_t(places.size()) < world)
+    throw std::invalid_argument("predict_step_time: " + std::to_string(places.size()) + " placed ranks for a world of " +
+                                std::to_string(world));
+  // The group of rank 0 spans ranks 0, stride, …, stride·(size − 1), consecutive blocks of the
+  // mesh; the same holds for every group (the layout is homogeneous).
+  auto tier = [&](int64_t stride, int64_t size) {
+    const RankPlace &first = places[0], &last = places[size_t(stride * (size - 1))];
+    return last.node == first.node ? "node" : last.rack == first.rack ? "rack" : "spine";
+  };
   auto add = [&](const char* dim, int64_t stride, int64_t size, double bytes, double collectives) {
     if (size <= 1 || bytes <= 0) return;
     CommTime c;
     c.dim = dim;
     c.tier = tier(stride, size);
-    const bool intra = std::string_view(c.tier) == "node";
+    const bool intra = std::string_view(c.tier) == "node";  // NVLink; rack and spine: the network
     const double bw = (intra ? hw.intra_node_bandwidth : hw.inter_node_bandwidth) * hw.comm_efficiency;
     const double lat = intra ? hw.intra_node_latency_s : hw.inter_node_latency_s;
     c.bytes = bytes;
@@ -161,6 +169,17 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   p.tokens_per_s_per_device = global_tokens / p.step_s / double(world);
   p.mfu = a.flops_per_token(cfg.training.seq_len) * global_tokens / (p.step_s * double(world) * peak);
   return p;
+}
+
+std::vector<RankPlace> placement_for(const JobConfig& cfg, int64_t world, const HardwareSpec& hw,
+                                     const std::string& topology_file) {
+  const bool cpu_backend = hw.peak_bf16_flops == 0;
+  const int64_t per_node = cpu_backend ? std::min<int64_t>(world, std::max<int64_t>(cfg.topology.ranks_per_node, 1))
+                                       : hw.devices_per_node;
+  const Topology topo = topology_file.empty() ? Topology() : Topology::from_slurm_conf(topology_file);
+  const std::vector<std::string> hosts =
+      topo.empty() || int64_t(topo.hosts().size()) * per_node < world ? std::vector<std::string>{} : topo.hosts();
+  return synthetic_places(world, per_node, cfg.topology.nodes_per_rack, topo, hosts);
 }
 
 }  // namespace meshtrain

@@ -31,13 +31,14 @@
 #include "config/pipeline_plan.hpp"
 #include "plan/hardware.hpp"
 #include "plan/memory_model.hpp"
+#include "topology/topology.hpp"
 
 namespace meshtrain {
 
 /// One dimension's traffic.
 struct CommTime {
   const char* dim = "";   ///< "tp", "fsdp", "efsdp", "dp_replicate", "cp", "ep", "pp"
-  const char* tier = "";  ///< "node" (inside one node) or "network"
+  const char* tier = "";  ///< the widest tier its groups span: "node", "rack" (one leaf switch) or "spine"
   double bytes = 0;     ///< sent per rank per step
   double seconds = 0;   ///< if nothing overlapped it
   double exposed_s = 0; ///< what the step waits for
@@ -54,10 +55,18 @@ struct StepTimePrediction {
 };
 
 /// The prediction for `cfg` on `dims` (validated; `plan` as for predict_memory) on `hw`, with
-/// `states` = rank_states(...) of the same configuration. @throws std::invalid_argument when
-/// the hardware has no peak for the run's dtype.
+/// `states` = rank_states(...) of the same configuration and `places` every rank's node and rack
+/// (placement_for). @throws std::invalid_argument when the hardware has no peak for the run's
+/// dtype or `places` has fewer ranks than the world.
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
-                                     const HardwareSpec& hw);
+                                     const HardwareSpec& hw, const std::vector<RankPlace>& places);
+
+/// Where `world` ranks sit: devices_per_node consecutive ranks per node (the cpu entry: the
+/// deck's [topology] ranks_per_node, all on one node when the world is smaller), racks from the
+/// Slurm topology.conf `topology_file` when given, else the deck's [topology] nodes_per_rack
+/// (0: one rack). @throws ConfigError for a topology file that does not parse.
+std::vector<RankPlace> placement_for(const JobConfig& cfg, int64_t world, const HardwareSpec& hw,
+                                     const std::string& topology_file);
 
 }  // namespace meshtrain

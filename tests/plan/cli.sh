@@ -1,7 +1,8 @@
 #!/bin/sh
 # meshtrain plan's command line: bad input gives one line and status 2 (no --gpus, an unknown
 # hardware entry, a --fixed key the planner does not vary, a deck whose own layout is invalid),
-# and --write-deck writes a deck that validates for the same device count.
+# --write-deck writes a deck that validates for the same device count, and --topology's racks
+# name the tier a group crosses.
 # usage: cli.sh MESHTRAIN SOURCE_DIR OUT_DIR
 set -u
 B=$1
@@ -32,6 +33,14 @@ if "$B" plan --deck $D --gpus 16 --top 2 --write-deck "$OUT/best16.toml" > /dev/
   echo "ok: --write-deck's deck validates on 16 devices"
 else
   echo "FAIL: --write-deck"
+  fails=$((fails + 1))
+fi
+# --topology: groups that leave a rack of 2 nodes are reported on the spine.
+if "$B" plan --deck inputs/llama3_70b_tp4_fsdp8.toml --gpus 32 --fixed all \
+     --topology inputs/topology/h100_2nodes_per_rack.conf | grep -q 'fsdp@spine'; then
+  echo "ok: --topology puts the 32-GPU fsdp group on the spine"
+else
+  echo "FAIL: --topology"
   fails=$((fails + 1))
 fi
 [ $fails -eq 0 ] && echo "plan command line ok"
