@@ -6,7 +6,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 
 #include "graph/executor.hpp"
 #include "model/parameter_catalog.hpp"
@@ -306,7 +305,15 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     if (args.tie_word_embeddings && part.head && !part.embedding)
       for (const Held& h : params)
         if (h.embedding) add(h, args.n_layers);
-    for (int64_t b : part.blocks) st.moe_layers += args.is_moe_layer(b) ? 1 : 0;
+    const double attn = double(args.dim) * double(args.head_dim) * double(2 * args.n_heads + 2 * args.n_kv_heads);
+    for (int64_t b : part.blocks) {
+      st.moe_layers += args.is_moe_layer(b) ? 1 : 0;
+      st.block_params.push_back(
+          args.is_moe_layer(b) ? attn + double(args.num_experts * args.dim) +
+                                     3.0 * double(args.dim) * double(args.moe_inter_dim) *
+                                         double(args.top_k + args.num_shared_experts)
+                               : attn + 3.0 * double(args.dim) * double(args.ffn_dim()));
+    }
     for (const auto& [k, v] : unit) {
       st.unit_full_max = std::max(st.unit_full_max, v[0]);
       st.unit_gather_max = std::max(st.unit_gather_max, v[1]);
@@ -331,8 +338,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states_out,
-                                std::shared_ptr<const ActivationPrediction>* act_out) {
-  const ModelArgs args = cfg.model_args();
+                                std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given) {
+  const ModelArgs args = given ? *given : cfg.model_args();
   const int64_t fsdp = d.dp_shard * d.cp;
   const bool sharded = fsdp > 1;
   const int zero = sharded ? int(cfg.parallelism.zero_stage) : 0;
@@ -350,13 +357,17 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
       rank_states(args, d, plan, cfg.parallelism.enable_sequence_parallel);
   ActivationShape as;  // filled per rank below; the model arguments copied once
   as.args = args;
-  std::set<std::string> seen;  // pipeline ranks of the same shape give the same prediction
+  // Pipeline ranks of the same shape give the same prediction: (signature, where selective
+  // recomputation falls in each stage) of the ranks predicted so far.
+  std::vector<std::pair<const std::string*, std::vector<int64_t>>> seen;
   for (const RankState& st : *states) {
-    std::string sig = st.signature;
-    if (every > 1)  // selective recomputation depends on where the rank's blocks start
-      for (const ActivationShape::Stage& sg : *st.stages)
-        sig += "/" + std::to_string(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
-    if (!seen.insert(sig).second) continue;
+    std::vector<int64_t> phase;
+    if (every > 1)
+      for (const ActivationShape::Stage& sg : *st.stages) phase.push_back(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
+    bool repeat = false;
+    for (const auto& [sig, ph] : seen) repeat |= *sig == st.signature && ph == phase;
+    if (repeat) continue;
+    seen.emplace_back(&st.signature, std::move(phase));
     MemoryPrediction m;
     const int64_t flat = st.flat, shard = st.shard;
     switch (zero) {

@@ -48,6 +48,9 @@ struct MemoryPrediction {
 /// building blocks of predict_memory, shared with the time model's byte counts).
 struct RankState {
   std::vector<int64_t> blocks;     ///< global block indices, ascending
+  /// Active matmul parameters of each block (same order): attention D·Dh·(2·Hq + 2·Hkv) and the
+  /// dense FFN 3·D·F, or the router E·D and top_k + shared experts of 3·D·H_moe.
+  std::vector<double> block_params;
   bool embedding = true, head = true;
   std::shared_ptr<const std::vector<ActivationShape::Stage>> stages;  ///< the rank's pipeline stages (one without pp)
   int64_t flat = 0;                ///< Σ a16(P_p): the model's flat buffers
@@ -84,10 +87,12 @@ std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args,
 /// cfg.pipeline_plan(dims) when pp > 1 (its schedule's peak in-flight micro-batches), else null.
 /// @throws ConfigError or std::invalid_argument for a configuration that does not build.
 /// `states` and `act`, when given, receive every rank's RankState and the activation replay of
-/// the rank with the largest activations (for the time model).
+/// the rank with the largest activations (for the time model); `args`, when given, is
+/// cfg.model_args() already computed (the planner's many candidates share one model).
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states = nullptr,
-                                std::shared_ptr<const ActivationPrediction>* act = nullptr);
+                                std::shared_ptr<const ActivationPrediction>* act = nullptr,
+                                const ModelArgs* args = nullptr);
 
 /// "parameters 1.2 GiB, gradients …, total …" — one line for logs and tables. Throws nothing.
 std::string describe_memory(const MemoryPrediction& m);

@@ -113,8 +113,10 @@ const std::vector<std::string>& plan_knobs() {
   return k;
 }
 
-JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
-  JobConfig j = deck;
+namespace {
+// Sets `c`'s keys on `j` in place (the search reuses one JobConfig: copying a deck's key origins
+// and notices per candidate would cost more than predicting it).
+void set_keys(JobConfig& j, const PlanCandidate& c) {
   ParallelismSection& p = j.parallelism;
   p.data_parallel_replicate_degree = c.dims.dp_replicate;
   p.data_parallel_shard_degree = c.dims.dp_shard;
@@ -131,6 +133,12 @@ JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
   j.training.mixed_precision_reduce = c.reduce_dtype;
   j.activation_checkpoint.mode = c.ac_mode;
   j.activation_checkpoint.selective_ac_option = c.ac_option;
+}
+}  // namespace
+
+JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
+  JobConfig j = deck;
+  set_keys(j, c);
   return j;
 }
 
@@ -138,11 +146,11 @@ namespace {
 
 // Predicts `c` (its dims already validated for `cfg`).
 void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
-              const std::vector<RankPlace>& places) {
+              const std::vector<RankPlace>& places, const ModelArgs& args) {
   std::shared_ptr<const std::vector<RankState>> states;
   std::shared_ptr<const ActivationPrediction> act;
-  c.memory = predict_memory(cfg, c.dims, plan, &states, &act);
-  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places);
+  c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args);
+  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
   c.fits = double(c.memory.total) <= limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
 }
@@ -184,7 +192,7 @@ PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareS
   if (dims.pp > 1) plan = deck.pipeline_plan(dims);
   PlanCandidate c = from_deck(deck, dims);
   evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation),
-           placement_for(deck, world, hw, deck.topology.file));
+           placement_for(deck, world, hw, deck.topology.file), deck.model_args());
   return c;
 }
 
@@ -214,6 +222,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   res.memory_limit = hw.memory_bytes * (1 - hw.fragmentation);
   const std::vector<RankPlace> places =
       placement_for(deck, n, hw, opts.topology_file.empty() ? deck.topology.file : opts.topology_file);
+  JobConfig cfg = base;  // each candidate's keys are set on it in turn
   PlanCache cache;
   std::map<std::string, PlanCandidate> best_of, least_of;  // per family
   const int64_t keep = std::max<int64_t>(opts.top, 1);
@@ -313,7 +322,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             c.reduce_dtype = red;
                             c.ac_mode = acm;
                             if (acm == "selective" && !fixed(kAC)) c.ac_option = "2";
-                            JobConfig cfg = apply_candidate(base, c);
+                            set_keys(cfg, c);
                             std::shared_ptr<const PipelinePlan> plan;
                             ParallelDims dims;
                             try {
@@ -337,7 +346,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             ++res.valid;
                             c.dims = dims;
                             try {
-                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places);
+                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a);
                             } catch (const std::exception& e) {
                               ++res.invalid_reasons[std::string("prediction: ") + e.what()];
                               continue;

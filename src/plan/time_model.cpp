@@ -18,8 +18,9 @@ double ring(int64_t n) { return n > 1 ? double(n - 1) / double(n) : 0.0; }
 
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
-                                     const HardwareSpec& hw, const std::vector<RankPlace>& places) {
-  const ModelArgs a = cfg.model_args();
+                                     const HardwareSpec& hw, const std::vector<RankPlace>& places,
+                                     const ModelArgs* given) {
+  const ModelArgs a = given ? *given : cfg.model_args();
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   const double beta = bf16 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   const double peak = hw.peak_flops(bf16 ? 2 : 4);
@@ -37,25 +38,16 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
       CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
   double recompute_fraction = 0;  // of the blocks, whose forward runs twice
   for (int64_t b = 0; b < a.n_layers; ++b) recompute_fraction += ac.recompute(b) ? 1.0 / double(a.n_layers) : 0.0;
-  // Per block: the active matmul parameters (attention, and the dense FFN or the router, top_k
-  // routed experts and the shared experts); the head's output projection D·V.
-  const double attn_params = double(a.dim) * double(a.head_dim) * double(2 * a.n_heads + 2 * a.n_kv_heads);
-  auto block_params = [&](int64_t b) {
-    if (a.is_moe_layer(b))
-      return attn_params + double(a.num_experts * a.dim) +
-             3.0 * double(a.dim) * double(a.moe_inter_dim) * double(a.top_k + a.num_shared_experts);
-    return attn_params + 3.0 * double(a.dim) * double(a.ffn_dim());
-  };
   const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
-  double mm = 0, attn = 0;  // FLOPs of the busiest pipeline rank
+  double mm = 0, attn = 0;  // FLOPs per token of the busiest pipeline rank
   for (const RankState& st : states) {
     double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
-    for (int64_t b : st.blocks) {
-      const double rec = ac.recompute(b) ? 1.0 : 0.0;
-      m_r += (6.0 + 2.0 * rec) * block_params(b);
+    for (size_t i = 0; i < st.blocks.size(); ++i) {
+      const double rec = ac.recompute(st.blocks[i]) ? 1.0 : 0.0;
+      m_r += (6.0 + 2.0 * rec) * st.block_params[i];
       a_r += attn_per_block * (1.0 + rec / 3.0);
     }
-    if (m_r / (hw.matmul_efficiency) + a_r / hw.attention_efficiency >
+    if (m_r / hw.matmul_efficiency + a_r / hw.attention_efficiency >
         mm / hw.matmul_efficiency + attn / hw.attention_efficiency)
       mm = m_r, attn = a_r;
   }

@@ -60,7 +60,8 @@ struct StepTimePrediction {
 /// dtype or `places` has fewer ranks than the world.
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
-                                     const HardwareSpec& hw, const std::vector<RankPlace>& places);
+                                     const HardwareSpec& hw, const std::vector<RankPlace>& places,
+                                     const ModelArgs* args = nullptr);
 
 /// Where `world` ranks sit: devices_per_node consecutive ranks per node (the cpu entry: the
 /// deck's [topology] ranks_per_node, all on one node when the world is smaller), racks from the
