@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -18,6 +19,27 @@ namespace {
 
 int64_t a16(int64_t x) { return (x + 15) / 16 * 16; }
 
+// A memo key: `head`, then each value after a '/' (appended in place: concatenating temporaries
+// trips GCC 12's -Wrestrict false positive).
+std::string key_of(const std::string& head, std::initializer_list<int64_t> values) {
+  std::string k = head;
+  for (int64_t v : values) {
+    k += '/';
+    k += std::to_string(v);
+  }
+  return k;
+}
+
+// The model's shape as a memo key.
+std::string model_key(const ModelArgs& a) {
+  std::string k = a.name;
+  k += '/';
+  k += a.flavor;
+  return key_of(k, {a.dim, a.n_layers, a.vocab_size, a.ffn_dim(), a.num_experts, a.moe_inter_dim,
+                    a.num_shared_experts, a.n_heads, a.n_kv_heads, a.head_dim, int64_t(a.qk_norm),
+                    int64_t(a.tie_word_embeddings), a.n_dense_layers, a.moe_layer_step, a.top_k});
+}
+
 // One parameter as a rank holds it: rows × row elements (tp-local, experts split over ep).
 struct Held {
   int64_t rows = 0, cols = 1;
@@ -32,15 +54,7 @@ struct Held {
 const std::vector<Held>& held_parameters(const ModelArgs& args, int64_t tp, int64_t ep, bool sp) {
   static std::mutex mu;
   static std::map<std::string, std::vector<Held>> cache;
-  const std::string key = args.name + "/" + args.flavor + "/" + std::to_string(args.dim) + "/" +
-                          std::to_string(args.n_layers) + "/" + std::to_string(args.vocab_size) + "/" +
-                          std::to_string(args.ffn_dim()) + "/" + std::to_string(args.num_experts) + "/" +
-                          std::to_string(args.moe_inter_dim) + "/" + std::to_string(args.num_shared_experts) + "/" +
-                          std::to_string(args.n_heads) + "/" + std::to_string(args.n_kv_heads) + "/" +
-                          std::to_string(args.head_dim) + "/" + std::to_string(int(args.qk_norm)) + "/" +
-                          std::to_string(int(args.tie_word_embeddings)) + "/" + std::to_string(args.n_dense_layers) +
-                          "/" + std::to_string(args.moe_layer_step) + "/" + std::to_string(tp) + "/" + std::to_string(ep) + "/" +
-                          std::to_string(int(sp));
+  const std::string key = key_of(model_key(args), {tp, ep, int64_t(sp)});
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
@@ -103,8 +117,7 @@ std::vector<int> in_flight(const PipelinePlan& plan) {
   static std::mutex mu;
   static std::map<std::string, std::vector<int>> cache;
   const PipelineSchedule& s = plan.schedule;
-  const std::string key = s.name + "/" + std::to_string(s.pp) + "/" + std::to_string(s.stages_per_rank) + "/" +
-                          std::to_string(plan.microbatches);
+  const std::string key = key_of(s.name, {s.pp, s.stages_per_rank, plan.microbatches});
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
@@ -243,16 +256,12 @@ std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args,
                                    bool sequence_parallel) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<const std::vector<RankState>>> memo;
-  std::string key = args.name + "/" + args.flavor + "/" + std::to_string(args.dim) + "/" + std::to_string(args.n_layers) +
-                    "/" + std::to_string(args.vocab_size) + "/" + std::to_string(args.num_experts) + "/" +
-                    std::to_string(args.moe_inter_dim) + "/" + std::to_string(args.n_kv_heads) + "/" +
-                    std::to_string(args.ffn_dim()) + "/" + std::to_string(int(args.tie_word_embeddings)) + "/" +
-                    std::to_string(d.tp) + "/" + std::to_string(d.ep) + "/" + std::to_string(d.dp_shard * d.cp) + "/" +
-                    std::to_string(d.pp) + "/" + std::to_string(int(sequence_parallel));
+  std::string key = key_of(model_key(args), {d.tp, d.ep, d.dp_shard * d.cp, d.pp, int64_t(sequence_parallel)});
   if (d.pp > 1 && plan) {
-    key += "/" + plan->schedule.name + "/" + std::to_string(plan->microbatches) + "/" +
-           std::to_string(plan->schedule.stages_per_rank);
-    for (const StageLayers& s : plan->stages) key += "," + std::to_string(s.first_layer) + ":" + std::to_string(s.num_layers);
+    key += '/';
+    key += plan->schedule.name;
+    key = key_of(key, {plan->microbatches, plan->schedule.stages_per_rank});
+    for (const StageLayers& s : plan->stages) key = key_of(key, {s.first_layer, s.num_layers});
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -322,11 +331,9 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       if (d.ep > 1 && v[3] == 0) ++st.units_without_experts;
     }
     if (head_key == -2 && st.unit_of.count(-2)) st.unit_of[args.n_layers] = st.unit_of[-2];
-    st.signature = std::to_string(st.flat) + "/" + std::to_string(st.shard) + "/" + std::to_string(st.in_flight) + "/" +
-                   std::to_string(st.moe_layers) + "/" + std::to_string(int(st.embedding)) + std::to_string(int(st.head));
+    st.signature = key_of("", {st.flat, st.shard, st.in_flight, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
     for (const ActivationShape::Stage& sg : *st.stages) {
-      st.signature += "|" + std::to_string(sg.blocks.size()) + std::to_string(int(sg.embedding)) +
-                      std::to_string(int(sg.head));
+      st.signature = key_of(st.signature, {int64_t(sg.blocks.size()), int64_t(sg.embedding), int64_t(sg.head)});
       if (args.num_experts > 0)
         for (int64_t b : sg.blocks) st.signature += args.is_moe_layer(b) ? 'm' : 'd';
     }
@@ -449,14 +456,27 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
 }
 
 std::string describe_memory(const MemoryPrediction& m) {
-  auto gib = [](int64_t b) {
+  auto size = [](int64_t b) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+    if (b >= (int64_t(1) << 30))
+      std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+    else
+      std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
     return std::string(buf);
   };
-  return "parameters " + gib(m.parameters) + ", gradients " + gib(m.gradients) + ", optimizer " + gib(m.optimizer) +
-         ", activations " + gib(m.activations) + ", communication " + gib(m.communication) + ", total " +
-         gib(m.total);
+  std::string s = "parameters ";
+  s += size(m.parameters);
+  s += ", gradients ";
+  s += size(m.gradients);
+  s += ", optimizer ";
+  s += size(m.optimizer);
+  s += ", activations ";
+  s += size(m.activations);
+  s += ", communication ";
+  s += size(m.communication);
+  s += ", total ";
+  s += size(m.total);
+  return s;
 }
 
 }  // namespace meshtrain
