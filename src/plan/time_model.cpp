@@ -55,17 +55,20 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   attn *= t_replica / double(d.tp);
   int64_t local_params = 0;
   for (const RankState& st : states) local_params = std::max(local_params, d.dp_shard * d.cp > 1 ? st.shard : st.flat);
-  const double traffic = 6.0 * double(act.per_microbatch_rank) * double(micro) + 28.0 * double(local_params);
-  // CPU ranks of one node share its cores and its memory bandwidth (the cpu entry's
-  // memory_bandwidth is the node's): each busy core gets its share of the bandwidth, and ranks
-  // beyond the core count time-slice the cores.
+  // Memory-bound kernels: the activations a micro-batch keeps, each written in forward, read in
+  // backward, its gradient written and read, ~6 passes, at memory_efficiency; the optimizer's
+  // multi-tensor AdamW streams 28 bytes per local element at the full bandwidth.
+  const double traffic = 6.0 * double(act.per_microbatch_rank) * double(micro);
+  const double optimizer_bytes = 28.0 * double(local_params);
+  // CPU ranks of one node share its memory bandwidth (the cpu entry's is the node's: each busy
+  // core gets its share), and ranks beyond its core count time-slice the cores.
   const int64_t per_node = cpu_backend ? std::min<int64_t>(world, std::max<int64_t>(cfg.topology.ranks_per_node, 1))
                                        : hw.devices_per_node;
   const double bandwidth =
       cpu_backend ? hw.memory_bandwidth / double(std::min(per_node, hw.devices_per_node)) : hw.memory_bandwidth;
   StepTimePrediction p;
   p.compute_s = mm / (peak * hw.matmul_efficiency) + attn / (peak * hw.attention_efficiency) +
-                traffic / (bandwidth * hw.memory_efficiency);
+                traffic / (bandwidth * hw.memory_efficiency) + optimizer_bytes / bandwidth;
   if (cpu_backend && per_node > hw.devices_per_node) p.compute_s *= double(per_node) / double(hw.devices_per_node);
 
   // ---- communication ----
