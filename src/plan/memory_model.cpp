@@ -299,7 +299,10 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       st.flat += full;
       st.shard += sh;
       if (expert) st.shard_experts += sh;
-      if (h.tp_partial) st.tp_partial += h.rows * h.cols;
+      if (h.tp_partial) {
+        st.tp_partial += h.rows * h.cols;
+        st.tp_partial_sharded += std::min(h.rows, (h.rows + g - 1) / g) * h.cols;
+      }
       auto& u = unit[key];
       u[0] += full;
       u[1] += sh * g;
@@ -423,7 +426,9 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
 
     // Communication buffers at the step's high-water mark (parallel/fsdp/sharded_data_parallel.cpp).
     m.communication = fsdp_buffers(st, zero, cfg, beta, cpu);
-    if (st.tp_partial > 0) m.communication = std::max(m.communication, 4 * st.tp_partial);  // tp_grads' packed all-reduce
+    // tp_grads' packed all-reduce of the gradients partial over tp, after the step's backward.
+    const int64_t partial = zero > 0 ? st.tp_partial_sharded : st.tp_partial;
+    if (partial > 0) m.communication = std::max(m.communication, 4 * partial);
     const int64_t tokens = as.micro_batch * (cfg.training.seq_len / d.cp);
     if (d.cp > 1) {
       const int64_t kv = 2 * tokens * (args.n_kv_heads / d.tp) * args.head_dim;

@@ -68,7 +68,10 @@ struct RankState {
   std::map<int64_t, size_t> unit_of;
   int64_t unit_full_max = 0;       ///< the largest unit's Σ a16(P_p)
   int64_t unit_gather_max = 0;     ///< the largest unit's all-gather output, G·shard
-  int64_t tp_partial = 0;          ///< elements of parameters whose gradient is partial over tp (norms under sp)
+  /// Elements of the gradients partial over tp (norms under sequence parallelism; the router and
+  /// experts too) that tp_grads packs into one all-reduce: whole parameters (DDP), or this
+  /// rank's shards of them (ZeRO / FSDP, their local gradient shards).
+  int64_t tp_partial = 0, tp_partial_sharded = 0;
   int64_t moe_layers = 0;
   /// Under ep > 1, the units holding no routed expert: the experts' FSDP instance still allocates
   /// its (empty) shard buffers for them, one byte each (tensor/tensor.cpp never allocates 0).
