@@ -9,24 +9,40 @@ int64_t tp_partial_grad_elems(const std::vector<LocalShard>& shards) {
   return n;
 }
 
-void reduce_tp_partial_grads(Device& dev, Communicator& tp, const std::vector<LocalShard>& shards) {
-  const int64_t total = tp_partial_grad_elems(shards);
-  if (tp.size() == 1 || total == 0) return;
-  // One packed all-reduce: these tensors are small ([D], [Dh]) and many (2 per block).
-  Tensor buf = dev.empty({total}, DType::kF32, MemCategory::kCommunication);
-  int64_t off = 0;
-  for (const LocalShard& ls : shards)
-    if (ls.param->sharding.tp_partial_grad && ls.grad.numel() > 0) {
-      dev.copy(buf.view({ls.grad.numel()}, off), ls.grad);
-      off += ls.grad.numel();
+void reduce_tp_partial_grads(Device& dev, Communicator& tp, const std::vector<LocalShard>& shards,
+                             int64_t chunk_elems) {
+  if (tp.size() == 1 || tp_partial_grad_elems(shards) == 0) return;
+  std::vector<const LocalShard*> pack;  // small shards waiting for the packed all-reduce
+  int64_t packed = 0;
+  auto flush = [&]() {
+    if (pack.empty()) return;
+    Tensor buf = dev.empty({packed}, DType::kF32, MemCategory::kCommunication);
+    int64_t off = 0;
+    for (const LocalShard* ls : pack) {
+      dev.copy(buf.view({ls->grad.numel()}, off), ls->grad);
+      off += ls->grad.numel();
     }
-  tp.all_reduce(buf, ReduceOp::kSum)->wait();
-  off = 0;
-  for (const LocalShard& ls : shards)
-    if (ls.param->sharding.tp_partial_grad && ls.grad.numel() > 0) {
-      dev.copy(ls.grad, buf.view({ls.grad.numel()}, off));
-      off += ls.grad.numel();
+    tp.all_reduce(buf, ReduceOp::kSum)->wait();
+    off = 0;
+    for (const LocalShard* ls : pack) {
+      dev.copy(ls->grad, buf.view({ls->grad.numel()}, off));
+      off += ls->grad.numel();
     }
+    pack.clear();
+    packed = 0;
+  };
+  for (const LocalShard& ls : shards) {
+    const int64_t n = ls.grad.numel();
+    if (!ls.param->sharding.tp_partial_grad || n == 0) continue;
+    if (n > chunk_elems) {  // a whole chunk by itself: in place, no copy
+      tp.all_reduce(ls.grad, ReduceOp::kSum)->wait();
+      continue;
+    }
+    if (packed + n > chunk_elems) flush();
+    pack.push_back(&ls);
+    packed += n;
+  }
+  flush();
 }
 
 }  // namespace meshtrain

@@ -11,6 +11,7 @@
 #include "graph/executor.hpp"
 #include "model/parameter_catalog.hpp"
 #include "parallel/pipeline/simulate.hpp"
+#include "parallel/tp_grads.hpp"
 #include "plan/activation_model.hpp"
 
 namespace meshtrain {
@@ -292,6 +293,13 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     st.stages = std::make_shared<const std::vector<ActivationShape::Stage>>(part.stages);
     st.in_flight = flight[std::min(r, flight.size() - 1)];
     std::map<int64_t, std::array<int64_t, 4>> unit;  // unit key (forward order) -> full, gather, local gather, experts
+    int64_t packed_full = 0, packed_shard = 0;  // tp_grads' chunk being filled
+    auto pack = [](int64_t& largest, int64_t& chunk, int64_t n) {
+      if (n > kTpGradChunkElems) return;
+      if (chunk + n > kTpGradChunkElems) chunk = 0;
+      chunk += n;
+      largest = std::max(largest, chunk);
+    };
     auto add = [&](const Held& h, int64_t key) {
       const bool expert = h.expert && d.ep > 1;
       const int64_t g = expert ? efsdp : fsdp;
@@ -299,9 +307,9 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       st.flat += full;
       st.shard += sh;
       if (expert) st.shard_experts += sh;
-      if (h.tp_partial) {
-        st.tp_partial += h.rows * h.cols;
-        st.tp_partial_sharded += std::min(h.rows, (h.rows + g - 1) / g) * h.cols;
+      if (h.tp_partial) {  // tp_grads' packing: shards past a chunk go in place
+        pack(st.tp_partial, packed_full, h.rows * h.cols);
+        pack(st.tp_partial_sharded, packed_shard, std::min(h.rows, (h.rows + g - 1) / g) * h.cols);
       }
       auto& u = unit[key];
       u[0] += full;

@@ -68,9 +68,9 @@ struct RankState {
   std::map<int64_t, size_t> unit_of;
   int64_t unit_full_max = 0;       ///< the largest unit's Σ a16(P_p)
   int64_t unit_gather_max = 0;     ///< the largest unit's all-gather output, G·shard
-  /// Elements of the gradients partial over tp (norms under sequence parallelism; the router and
-  /// experts too) that tp_grads packs into one all-reduce: whole parameters (DDP), or this
-  /// rank's shards of them (ZeRO / FSDP, their local gradient shards).
+  /// The largest buffer tp_grads packs the gradients partial over tp into (norms under sequence
+  /// parallelism; the router and experts too), elements, at most kTpGradChunkElems: of whole
+  /// parameters (DDP), or of this rank's shards of them (ZeRO / FSDP).
   int64_t tp_partial = 0, tp_partial_sharded = 0;
   int64_t moe_layers = 0;
   /// Under ep > 1, the units holding no routed expert: the experts' FSDP instance still allocates

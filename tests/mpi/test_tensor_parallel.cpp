@@ -189,3 +189,29 @@ BOOST_AUTO_TEST_CASE(tensor_parallel_gradients_equal_the_replicated_slabs) {
   check_model(4, true, args(4, true, true, 37));     // tied, Qwen3 q/k norm, uneven vocab
   check_model(2, true, args(2, true, true, 40));
 }
+
+// reduce_tp_partial_grads with a 6-element packing cap: shards of 1-4 elements are packed
+// (several chunks), shards of 7 and 13 are all-reduced where they lie, unmarked shards and
+// empty ones are left alone; every marked gradient ends as the sum over the tp group.
+BOOST_AUTO_TEST_CASE(partial_gradients_are_summed_in_chunks_and_in_place) {
+  TpSetup setup(2, true, true);
+  Device& dev = *setup.dev;
+  const std::vector<int64_t> sizes = {3, 7, 1, 4, 4, 13, 2, 0, 5};
+  std::vector<Parameter> params(sizes.size());
+  std::vector<LocalShard> shards(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    params[i].name = "p" + std::to_string(i);
+    params[i].sharding.tp_partial_grad = i != 4;  // p4 is not partial: untouched
+    shards[i].param = &params[i];
+    std::vector<float> g(size_t(sizes[i]));
+    for (size_t j = 0; j < g.size(); ++j) g[j] = float(100 * i + j) + 0.25f * float(setup.tp.rank + 1);
+    shards[i].grad = upload(dev, g, {std::max<int64_t>(sizes[i], 0)});
+  }
+  reduce_tp_partial_grads(dev, *setup.comm, shards, 6);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    for (int64_t j = 0; j < sizes[i]; ++j) {
+      const float mine = float(100 * i + size_t(j)) + 0.25f * float(setup.tp.rank + 1);
+      const float want = i == 4 ? mine : 2.0f * float(100 * i + size_t(j)) + 0.25f * 3.0f;
+      BOOST_TEST(shards[i].grad.f32()[j] == want, "p" << i << "[" << j << "]");
+    }
+}
