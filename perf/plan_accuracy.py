@@ -19,39 +19,21 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "plan"))
-from memory_accuracy import LAYOUTS, MODELS  # noqa: E402
+from memory_accuracy import LAYOUTS, MODELS, plan_fixed, train  # noqa: E402
 
 
 def measure(a, tag, np_, over):
-    out = os.path.join(a.out, tag)
-    subprocess.run(["rm", "-rf", out], check=True)
-    cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] if np_ > 1 else []) + [
-        a.meshtrain, "train", "--deck", a.deck, f"--training.dataset={a.data}", f"--job.dump_folder={out}",
-        f"--training.steps={a.steps}", "--validation.enable=false", "--checkpoint.enable=false",
-        "--metrics.log_freq=1"] + over
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if res.returncode:
-        sys.exit(f"{tag}: training failed\n{res.stderr[-3000:]}")
-    recs = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    times = [r["step_time_s"] for r in recs if "step_time_s" in r and r.get("step", 0) > 2]
-    return statistics.median(times)
+    recs = train(a, tag, np_, over, steps=a.steps)
+    return statistics.median(r["step_time_s"] for r in recs if "step_time_s" in r and r.get("step", 0) > 2)
 
 
 def predict(a, tag, np_, over):
-    js = os.path.join(a.out, tag + ".plan.json")
-    cmd = [a.meshtrain, "plan", "--deck", a.deck, "--gpus", str(np_), "--fixed", "all", "--hardware", "cpu",
-           "--json", js, f"--training.dataset={a.data}"] + over
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(f"{tag}: meshtrain plan failed\n{res.stderr[-3000:]}")
-    return json.load(open(js))["top"][0]
+    return plan_fixed(a, tag, np_, over, extra=["--hardware", "cpu"])
 
 
 def main():

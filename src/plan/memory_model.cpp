@@ -136,11 +136,40 @@ bool holds(const Part& part, const Held& h) {
   return part.head;
 }
 
+// ZeRO-3's per-unit buffers (parallel/fsdp/sharded_data_parallel.cpp), bytes. pb: bytes of a
+// gathered parameter (bf16 gathers under mixed precision), rb: of a reduced gradient; `kept`:
+// the parameters of every unit when they stay gathered (fsdp_reshard_after_forward = "never",
+// or a pipeline stage holding them for the step), else 0.
+struct Zero3Bytes {
+  int64_t pb = 4, rb = 4, kept = 0;
+  bool keep = false;
+  Zero3Bytes(const RankState& st, const JobConfig& cfg, int64_t beta) {
+    pb = beta == 2 ? 2 : 4;
+    rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+    const std::string& raf = cfg.parallelism.fsdp_reshard_after_forward;
+    keep = raf == "never" || (raf == "default" && cfg.parallelism.pipeline_parallel_degree > 1);
+    if (keep)
+      for (const RankState::Unit& u : st.units) kept += pb * u.full;
+  }
+  // While unit u's backward computes: its gathered parameters, its unsharded gradients, the
+  // previous unit's prefetched all-gather (`prev`) and the next unit's reduce-scatter not yet
+  // retired (`next`; a group of one rank has retired it at once); `own_reduce` adds u's own
+  // reduce-scatter input, issued once its backward has returned.
+  int64_t backward(const RankState::Unit& u, const RankState::Unit* prev, const RankState::Unit* next,
+                   bool own_reduce) const {
+    int64_t b = (keep ? kept : pb * u.full) + 4 * u.full;
+    if (prev && !keep) b += pb * prev->gather;
+    if (next) b += rb * (next->gather - next->gather_local);
+    if (own_reduce) b += rb * u.gather;
+    return b;
+  }
+};
+
 // The FSDP / ZeRO buffers in the communication category at their peak, bytes (G·S: a unit's
-// all-gather output and reduce-scatter input; pb: bytes of a gathered parameter).
+// all-gather output and reduce-scatter input).
 int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_t beta, bool cpu) {
   if (zero == 0 || st.units.empty()) return 0;
-  const int64_t pb = zero == 3 && beta == 2 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+  const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   int64_t all_in = 0;  // every unit's reduce-scatter input at once
   for (const RankState::Unit& u : st.units) all_in += u.gather;
   if (zero < 3) {
@@ -153,25 +182,14 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
     const int64_t in_flight = cpu ? all_in - (zero == 1 ? first : 0) : 2 * st.unit_gather_max;
     return rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
   }
-  // ZeRO-3, at the end of unit u's backward (reverse order): its gathered parameters, its
-  // unsharded gradients, its reduce-scatter input, the next unit's prefetched all-gather and the
-  // previous unit's reduce-scatter still in flight. Units kept gathered (fsdp_reshard_after_forward
-  // = "never", or a pipeline stage holding them for the step) add their parameters.
-  const bool keep = cfg.parallelism.fsdp_reshard_after_forward == "never" ||
-                    (cfg.parallelism.fsdp_reshard_after_forward == "default" && cfg.parallelism.pipeline_parallel_degree > 1);
-  int64_t kept = 0;
-  if (keep)
-    for (const RankState::Unit& u : st.units) kept += pb * u.full;
+  // ZeRO-3: the largest unit's buffers at the end of its backward, over all the rank's units.
+  const Zero3Bytes z(st, cfg, beta);
   int64_t peak = 0;
   const size_t n = st.units.size();
-  for (size_t i = n; i-- > 0;) {
-    const RankState::Unit& u = st.units[i];
-    int64_t live = (keep ? 0 : pb * u.full) + 4 * u.full + rb * u.gather;
-    if (i > 0 && !keep) live += pb * st.units[i - 1].gather;  // prefetched
-    if (i + 1 < n) live += rb * (st.units[i + 1].gather - st.units[i + 1].gather_local);  // not yet retired
-    peak = std::max(peak, live);
-  }
-  return kept + peak;
+  for (size_t i = 0; i < n; ++i)
+    peak = std::max(peak, z.backward(st.units[i], i > 0 ? &st.units[i - 1] : nullptr,
+                                     i + 1 < n ? &st.units[i + 1] : nullptr, true));
+  return peak;
 }
 
 // The unit keys of a stage in forward order: −2 the embedding, block indices, n_layers the head.
@@ -184,32 +202,25 @@ std::vector<int64_t> unit_keys(const ActivationShape::Stage& stage, int64_t n_la
 }
 
 // ZeRO-3: max over the peak stage's units of activations + FSDP buffers during the same unit's
-// forward or backward (the buffers as in fsdp_buffers, per unit).
+// forward (its parameters and the next unit's prefetch) or backward (Zero3Bytes::backward, while
+// it computes and once it has returned).
 int64_t phase_total(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int64_t beta,
-                    const ParallelDims& d, int64_t n_layers) {
-  const int64_t pb = beta == 2 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+                    int64_t n_layers) {
+  const Zero3Bytes z(st, cfg, beta);
   const std::vector<int64_t> keys = unit_keys(st.stages->at(act.stage), n_layers);
-  const bool keep = cfg.parallelism.fsdp_reshard_after_forward == "never" ||
-                    (cfg.parallelism.fsdp_reshard_after_forward == "default" && d.pp > 1);
-  int64_t kept = 0;
-  if (keep)
-    for (const RankState::Unit& u : st.units) kept += pb * u.full;
-  auto unit = [&](size_t i) -> const RankState::Unit& { return st.units.at(st.unit_of.at(keys[i])); };
+  auto unit = [&](size_t i) -> const RankState::Unit* {
+    return i < keys.size() ? &st.units.at(st.unit_of.at(keys[i])) : nullptr;
+  };
   int64_t best = 0;
   for (size_t i = 0; i < keys.size() && i < act.forward_by_unit.size(); ++i) {
-    int64_t comm = keep ? kept : pb * unit(i).full;
-    if (i + 1 < keys.size()) comm += pb * unit(i + 1).gather;  // the next unit, prefetched
+    int64_t comm = z.keep ? z.kept : z.pb * unit(i)->full;
+    if (i + 1 < keys.size()) comm += z.pb * unit(i + 1)->gather;  // the next unit, prefetched
     best = std::max(best, act.forward_by_unit[i] + comm);
   }
   for (size_t i = 0; i < keys.size() && i < act.backward_by_unit.size(); ++i) {
-    // While the unit computes: its parameters and unsharded gradients, the previous unit's
-    // prefetch, the next unit's reduce-scatter not yet retired; then, once its backward has
-    // returned, its own reduce-scatter input joins them.
-    int64_t comm = (keep ? kept : pb * unit(i).full) + 4 * unit(i).full;
-    if (i > 0 && !keep) comm += pb * unit(i - 1).gather;
-    if (i + 1 < keys.size()) comm += rb * (unit(i + 1).gather - unit(i + 1).gather_local);
-    best = std::max(best, act.backward_by_unit[i] + comm);
-    best = std::max(best, act.after_backward_by_unit[i] + comm + rb * unit(i).gather);
+    const RankState::Unit* prev = i > 0 ? unit(i - 1) : nullptr;
+    best = std::max(best, act.backward_by_unit[i] + z.backward(*unit(i), prev, unit(i + 1), false));
+    best = std::max(best, act.after_backward_by_unit[i] + z.backward(*unit(i), prev, unit(i + 1), true));
   }
   return best;
 }
@@ -450,7 +461,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
-    const int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, d, args.n_layers)
+    const int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, args.n_layers)
                                : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, args.n_layers)
                                           : act.peak + m.communication;
     // The cpu backend's start-up rate measurement comes before the model exists.

@@ -46,11 +46,6 @@ const char* kZero = "parallelism.zero_stage";
 const char* kReshard = "parallelism.fsdp_reshard_after_forward";
 const char* kReduce = "training.mixed_precision_reduce";
 
-// The PipelinePlan of a (schedule, pp, micro-batches, micro-batch size) key, computed once:
-// generating and validating a schedule costs far more than the rest of a candidate.
-struct PlanCache {
-  std::map<std::string, std::shared_ptr<const PipelinePlan>> plans;
-};
 
 }  // namespace
 
@@ -223,7 +218,9 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   const std::vector<RankPlace> places =
       placement_for(deck, n, hw, opts.topology_file.empty() ? deck.topology.file : opts.topology_file);
   JobConfig cfg = base;  // each candidate's keys are set on it in turn
-  PlanCache cache;
+  // The PipelinePlan of a (schedule, pp, local batch, micro-batch size) key, made once: its
+  // stages and schedule are shared by every candidate with that key.
+  std::map<std::string, std::shared_ptr<const PipelinePlan>> pipeline_plans;
   std::map<std::string, PlanCandidate> best_of, least_of;  // per family
   const int64_t keep = std::max<int64_t>(opts.top, 1);
   auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
@@ -330,9 +327,9 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                               if (pp > 1) {  // the stages and schedule, made once per key
                                 const std::string pkey = sched + "/" + std::to_string(pp) + "/" + std::to_string(lb) +
                                                          "/" + std::to_string(mb);
-                                auto it = cache.plans.find(pkey);
-                                if (it == cache.plans.end())
-                                  it = cache.plans.emplace(pkey, std::make_shared<PipelinePlan>(cfg.pipeline_plan(dims))).first;
+                                auto it = pipeline_plans.find(pkey);
+                                if (it == pipeline_plans.end())
+                                  it = pipeline_plans.emplace(pkey, std::make_shared<PipelinePlan>(cfg.pipeline_plan(dims))).first;
                                 plan = it->second;
                               }
                             } catch (const ConfigError& e) {

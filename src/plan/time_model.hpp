@@ -4,18 +4,20 @@
 /// T_step = T_compute + T_comm − T_overlap + T_idle of the configuration study in the hardware
 /// references, with its formulas corrected; doc/plan.md lists each correction).
 ///
-/// Compute, per rank and step (t = tokens a dp × cp replica runs per step = global tokens /
-/// (dp·cp), split over tp and pp):
-///   matmul FLOPs    6·N_active_matmul·t / (tp·pp)        (Kaplan et al. 2020; the forward's
-///                   2·N plus the backward's 4·N; recomputed blocks add their forward's 2·N)
-///   attention FLOPs 6·L·Hq·Dh·T·t / (tp·pp)               (half of 12·L·H·Dh·T: causal flash
-///                   attention skips the masked half; recomputation adds a third)
-///   memory traffic  6 × the activation bytes a micro-batch keeps (each written in forward,
-///                   read in backward, its gradient written and read) + AdamW's 28 bytes per
-///                   local parameter element
+/// Compute, for the busiest pipeline rank (t = tokens a dp × cp replica runs per step = global
+/// tokens / (dp·cp), split over tp):
+///   matmul FLOPs    (Σ over its blocks of (6 + 2·recomputed)·P_block + 6·D·V with the head)·t/tp
+///                   (Kaplan et al. 2020: the forward's 2·N plus the backward's 4·N; recomputed
+///                   blocks add their forward's 2·N)
+///   attention FLOPs Σ over its blocks of 6·Hq·Dh·T·(1 + recomputed/3)·t/tp (half of PaLM's
+///                   12·H·Dh·T per layer: causal flash attention skips the masked half)
+///   memory traffic  6 × the activation bytes a micro-batch keeps on the rank × micro-batches
+///                   (each written in forward, read in backward, its gradient written and read)
+///   optimizer       AdamW's 28 bytes per local parameter element, streamed
 ///   T_compute = matmul / (peak · matmul_efficiency) + attention / (peak · attention_efficiency)
-///               + traffic / (bandwidth · memory_efficiency), times ranks / devices when cpu
-///               ranks outnumber a node's cores (they share them).
+///               + traffic / (bandwidth · memory_efficiency) + optimizer / bandwidth; on the cpu
+///               entry the bandwidth is the node's split over its busy cores, and ranks beyond
+///               the core count multiply the time by ranks / cores (they time-slice the cores).
 /// Communication: the bytes each rank sends per step and dimension (the ring volumes of
 /// perf/comm_volume and layout/comm_volume.hpp; FSDP from the exact shard sizes), over the
 /// bandwidth of the tier its group spans (inside a node: NVLink; across: the network), plus

@@ -65,33 +65,44 @@ LAYOUTS = [
 ]
 
 
-def measure(a, tag, np_, over):
+def train(a, tag, np_, over, steps=2):
+    """Trains `steps` steps of a.deck on np_ CPU ranks into a.out/tag; returns metrics.jsonl's records."""
     out = os.path.join(a.out, tag)
     subprocess.run(["rm", "-rf", out], check=True)
     cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)] if np_ > 1 else []) + [
         a.meshtrain, "train", "--deck", a.deck, f"--training.dataset={a.data}", f"--job.dump_folder={out}",
-        "--training.steps=2", "--validation.enable=false", "--checkpoint.enable=false"] + over
+        f"--training.steps={steps}", "--validation.enable=false", "--checkpoint.enable=false",
+        "--metrics.log_freq=1"] + over
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
         sys.exit(f"{tag}: training failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    recs = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    cats = dict(recs[-1]["memory_peak_bytes_by_category"])
-    cats["total"] = max(r["memory_peak_bytes"] for r in recs if "loss" in r)
-    return cats
+    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 
 
-def predict(a, tag, np_, over):
+def plan_fixed(a, tag, np_, over, extra=()):
+    """`meshtrain plan --fixed all` for the same deck and overrides: the deck's own configuration."""
     js = os.path.join(a.out, tag + ".plan.json")
     cmd = [a.meshtrain, "plan", "--deck", a.deck, "--gpus", str(np_), "--fixed", "all", "--json", js,
-           f"--training.dataset={a.data}"] + over
+           f"--training.dataset={a.data}"] + list(extra) + over
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:
         sys.exit(f"{tag}: meshtrain plan failed\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     top = json.load(open(js))["top"]
     if len(top) != 1:
         sys.exit(f"{tag}: plan --fixed all returned {len(top)} configurations, expected the deck's own")
-    return top[0]["memory_bytes"]
+    return top[0]
+
+
+def measure(a, tag, np_, over):
+    recs = train(a, tag, np_, over)
+    cats = dict(recs[-1]["memory_peak_bytes_by_category"])
+    cats["total"] = max(r["memory_peak_bytes"] for r in recs if "loss" in r)
+    return cats
+
+
+def predict(a, tag, np_, over):
+    return plan_fixed(a, tag, np_, over)["memory_bytes"]
 
 
 def main():
