@@ -244,6 +244,11 @@ std::shared_ptr<const ActivationPrediction> predict_activations(const Activation
                               a.seq_len, a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
                               a.recompute_every, a.in_flight, a.pp_microbatches};
   if (!a.stages || a.stages->empty()) throw std::invalid_argument("predict_activations: no stage");
+  if (a.states)
+    for (const SimulationResult::InFlightState& st : *a.states) {
+      key.push_back(-1000 - st.running);
+      key.insert(key.end(), st.held.begin(), st.held.end());
+    }
   for (const ActivationShape::Stage& st : *a.stages) {
     key.push_back(int64_t(st.embedding) + 2 * int64_t(st.head));
     key.push_back(st.blocks.empty() ? -1 : st.blocks.front());
@@ -402,18 +407,39 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     out.per_microbatch_rank += kept;
   }
   out.per_microbatch = biggest;
-  int64_t held = (a.in_flight - 1) * biggest;
-  if (a.pp_microbatches > 0)  // started micro-batches' contexts; one receive posted ahead
-    held += std::max<int64_t>(0, a.pp_microbatches - a.in_flight) * context + s.nD();
-  for (size_t i = 0; i < stages.size(); ++i) {
-    Replay r = replay(stages[i], held);
-    if (r.peak > out.peak) {
-      out.peak = r.peak;
-      out.stage = i;
-      out.forward_by_unit = std::move(r.fwd);
-      out.backward_by_unit = std::move(r.bwd);
-      out.after_backward_by_unit = std::move(r.after);
-    }
+  // Started micro-batches' contexts (pipeline rounds of m; one receive posted ahead), for
+  // `flight` stage micro-batches in flight.
+  auto contexts = [&](int64_t flight) {
+    return a.pp_microbatches > 0 ? std::max<int64_t>(0, a.pp_microbatches - flight) * context + s.nD() : 0;
+  };
+  auto keep_if_higher = [&](Replay r, size_t i) {
+    if (r.peak <= out.peak) return;
+    out.peak = r.peak;
+    out.stage = i;
+    out.forward_by_unit = std::move(r.fwd);
+    out.backward_by_unit = std::move(r.bwd);
+    out.after_backward_by_unit = std::move(r.after);
+  };
+  if (!a.states) {
+    const int64_t held = (a.in_flight - 1) * biggest + contexts(a.in_flight);
+    for (size_t i = 0; i < stages.size(); ++i) keep_if_higher(replay(stages[i], held), i);
+    return out;
+  }
+  // Each state: its held micro-batches' kept bytes, stage by stage, while one runs. A replay
+  // only adds to what it starts with, so each stage's is made once and shifted.
+  std::vector<Replay> base(stages.size());
+  for (size_t i = 0; i < stages.size(); ++i) base[i] = replay(stages[i], 0);
+  for (const SimulationResult::InFlightState& st : *a.states) {
+    if (st.running < 0 || size_t(st.running) >= stages.size() || st.held.size() != stages.size())
+      throw std::invalid_argument("predict_activations: an in-flight state does not match the rank's stages");
+    int64_t held = 0, flight = 1;
+    for (size_t i = 0; i < stages.size(); ++i) held += st.held[i] * base[i].kept, flight += st.held[i];
+    held += contexts(flight);
+    Replay r = base[size_t(st.running)];
+    r.peak += held;
+    for (std::vector<int64_t>* v : {&r.fwd, &r.bwd, &r.after})
+      for (int64_t& x : *v) x += held;
+    keep_if_higher(std::move(r), size_t(st.running));
   }
   return out;
 }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "config/model_args.hpp"
+#include "parallel/pipeline/simulate.hpp"
 
 namespace meshtrain {
 
@@ -52,9 +53,14 @@ struct ActivationShape {
   /// Shared and immutable (a planner asks for many shapes over the same split); null means no stage.
   std::shared_ptr<const std::vector<Stage>> stages;
   /// Stage micro-batches whose saved activations this rank holds at once (pipeline schedules:
-  /// the simulator's peak in-flight count; 1 without pp). The replay holds in_flight − 1 of the
-  /// largest stage's and runs one more through it.
+  /// the simulator's peak in-flight count; 1 without pp). Without `states`, the replay holds
+  /// in_flight − 1 of the largest stage's and runs one more through each stage.
   int64_t in_flight = 1;
+  /// Pipeline schedules: the rank's undominated in-flight states (SimulationResult::
+  /// in_flight_states: micro-batches held per stage, indexed like `stages`, and the stage of the
+  /// one running). When given, the replay runs each state's micro-batch through its stage with
+  /// the others' kept bytes held, stage by stage; in_flight is then unused.
+  std::shared_ptr<const std::vector<SimulationResult::InFlightState>> states;
   /// Pipeline parallelism: micro-batches per round, m (0 without pp). The runtime keeps every
   /// started micro-batch's token ids and targets until the round ends and posts one receive
   /// buffer ahead.

@@ -22,7 +22,8 @@ int64_t a16(int64_t x) { return (x + 15) / 16 * 16; }
 
 // A memo key: `head`, then each value after a '/' (appended in place: concatenating temporaries
 // trips GCC 12's -Wrestrict false positive).
-std::string key_of(const std::string& head, std::initializer_list<int64_t> values) {
+template <class Values>
+std::string key_of_values(const std::string& head, const Values& values) {
   std::string k = head;
   for (int64_t v : values) {
     k += '/';
@@ -30,6 +31,8 @@ std::string key_of(const std::string& head, std::initializer_list<int64_t> value
   }
   return k;
 }
+std::string key_of(const std::string& head, std::initializer_list<int64_t> values) { return key_of_values(head, values); }
+std::string key_of(const std::string& head, const std::vector<int64_t>& values) { return key_of_values(head, values); }
 
 // The model's shape as a memo key.
 std::string model_key(const ModelArgs& a) {
@@ -113,21 +116,39 @@ std::vector<Part> parts_of(const ModelArgs& args, const PipelinePlan* plan) {
   return parts;
 }
 
-// The simulator's peak in-flight stage micro-batches of every pp rank, cached per schedule.
-std::vector<int> in_flight(const PipelinePlan& plan) {
+// What the simulator says each pp rank holds, cached per schedule.
+struct Flight {
+  std::vector<int> peak, peak_after;  // [pp] peak in-flight stage micro-batches; from the first backward on
+  using States = std::shared_ptr<const std::vector<SimulationResult::InFlightState>>;
+  std::vector<States> states, states_after;  // [pp] SimulationResult::in_flight_states(_after_backward); empty: none
+};
+const Flight& in_flight(const PipelinePlan& plan) {
   static std::mutex mu;
-  static std::map<std::string, std::vector<int>> cache;
+  static std::map<std::string, std::shared_ptr<const Flight>> cache;
   const PipelineSchedule& s = plan.schedule;
   const std::string key = key_of(s.name, {s.pp, s.stages_per_rank, plan.microbatches});
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
+    if (it != cache.end()) return *it->second;
   }
-  const std::vector<int> peak = simulate_schedule(s).peak_in_flight;
+  const SimulationResult sim = simulate_schedule(s);
+  auto f = std::make_shared<Flight>();
+  f->peak = sim.peak_in_flight;
+  f->peak_after = sim.peak_in_flight_after_backward;
+  // A split backward (zero-bubble schedules) holds each micro-batch's weight-gradient operands
+  // (inputs and output gradients) from I to W, which the replay does not model: those ranks
+  // keep the bound of in-flight − 1 micro-batches of the largest stage (no states).
+  bool split = false;
+  for (const std::vector<Action>& actions : s.ranks)
+    for (const Action& a : actions) split |= a.type == ActionType::kBackwardInput;
+  for (size_t r = 0; r < sim.in_flight_states.size() && !split; ++r) {
+    f->states.push_back(std::make_shared<const std::vector<SimulationResult::InFlightState>>(sim.in_flight_states[r]));
+    f->states_after.push_back(
+        std::make_shared<const std::vector<SimulationResult::InFlightState>>(sim.in_flight_states_after_backward[r]));
+  }
   std::lock_guard<std::mutex> lock(mu);
-  cache[key] = peak;
-  return peak;
+  return *cache.emplace(key, std::move(f)).first->second;  // entries are never erased: references stay valid
 }
 
 bool holds(const Part& part, const Held& h) {
@@ -135,6 +156,15 @@ bool holds(const Part& part, const Held& h) {
   if (h.embedding) return part.embedding;
   return part.head;
 }
+
+// Which unsharded gradients are alive (parallel/fsdp/sharded_data_parallel.hpp). Without pp
+// each micro-batch reduces its own: during a unit's backward only the unit's (kOwn). Pipelined
+// ZeRO-2/3 reduce once per step (reduce_once_per_step): a unit's gradients are allocated at its
+// first backward of the step and stay until its last. So during the step's first backward, a
+// unit's backward sees its own and those of the units after it in forward order, which ran
+// before it (kFirstBackward); after that first backward every unit's are alive, in forward
+// phases too (kAll).
+enum class GradPhase { kOwn, kFirstBackward, kAll };
 
 // ZeRO-3's per-unit buffers (parallel/fsdp/sharded_data_parallel.cpp), bytes. pb: bytes of a
 // gathered parameter (bf16 gathers under mixed precision), rb: of a reduced gradient; `kept`:
@@ -151,13 +181,13 @@ struct Zero3Bytes {
     if (keep)
       for (const RankState::Unit& u : st.units) kept += pb * u.full;
   }
-  // While unit u's backward computes: its gathered parameters, its unsharded gradients, the
-  // previous unit's prefetched all-gather (`prev`) and the next unit's reduce-scatter not yet
-  // retired (`next`; a group of one rank has retired it at once); `own_reduce` adds u's own
-  // reduce-scatter input, issued once its backward has returned.
+  // While unit u's backward computes: its gathered parameters, `grads` bytes of unsharded
+  // gradients (GradPhase), the previous unit's prefetched all-gather (`prev`) and the next
+  // unit's reduce-scatter not yet retired (`next`; a group of one rank has retired it at once);
+  // `own_reduce` adds u's own reduce-scatter input, issued once its backward has returned.
   int64_t backward(const RankState::Unit& u, const RankState::Unit* prev, const RankState::Unit* next,
-                   bool own_reduce) const {
-    int64_t b = (keep ? kept : pb * u.full) + 4 * u.full;
+                   bool own_reduce, int64_t grads) const {
+    int64_t b = (keep ? kept : pb * u.full) + grads;
     if (prev && !keep) b += pb * prev->gather;
     if (next) b += rb * (next->gather - next->gather_local);
     if (own_reduce) b += rb * u.gather;
@@ -165,10 +195,15 @@ struct Zero3Bytes {
   }
 };
 
+// Every unit's unsharded float32 gradients, bytes.
+int64_t all_unit_grads(const RankState& st) { return st.unit_grads_all; }
+
 // The FSDP / ZeRO buffers in the communication category at their peak, bytes (G·S: a unit's
 // all-gather output and reduce-scatter input).
 int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_t beta, bool cpu) {
   if (zero == 0 || st.units.empty()) return 0;
+  // Pipelined ZeRO-2/3 hold every unit's unsharded gradients between the step's backwards.
+  const bool once = cfg.parallelism.pipeline_parallel_degree > 1 && zero >= 2;
   const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   int64_t all_in = 0;  // every unit's reduce-scatter input at once
   for (const RankState::Unit& u : st.units) all_in += u.gather;
@@ -180,7 +215,9 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
     // unsharded gradients of the unit being computed (the first unit, last in backward).
     const int64_t first = st.units.size() > 1 ? st.units.back().gather : 0;  // the first issued (backward order)
     const int64_t in_flight = cpu ? all_in - (zero == 1 ? first : 0) : 2 * st.unit_gather_max;
-    return rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
+    const int64_t at_end =
+        rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
+    return once ? std::max(at_end, all_unit_grads(st)) : at_end;
   }
   // ZeRO-3: the largest unit's buffers at the end of its backward, over all the rank's units.
   const Zero3Bytes z(st, cfg, beta);
@@ -188,7 +225,22 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
   const size_t n = st.units.size();
   for (size_t i = 0; i < n; ++i)
     peak = std::max(peak, z.backward(st.units[i], i > 0 ? &st.units[i - 1] : nullptr,
-                                     i + 1 < n ? &st.units[i + 1] : nullptr, true));
+                                     i + 1 < n ? &st.units[i + 1] : nullptr, true, 4 * st.units[i].full));
+  // Reducing once: between the step's backwards every unit's gradients, no reduce-scatter; in
+  // the last micro-batch unit i's reduce-scatter input is copied while its gradients and those
+  // of the units before it (forward order) are alive, and the inputs of the units after it not
+  // yet retired (over MPI on the cpu backend: none retires before backward ends; NCCL: the
+  // next one).
+  if (once) {
+    peak = std::max(peak, z.backward(st.units.front(), nullptr, nullptr, false, all_unit_grads(st)));
+    int64_t grads = all_unit_grads(st), issued = 0;
+    for (size_t i = n; i-- > 0;) {
+      const int64_t in_flight = cpu ? issued : i + 1 < n ? z.rb * (st.units[i + 1].gather - st.units[i + 1].gather_local) : 0;
+      peak = std::max(peak, (z.keep ? z.kept : z.pb * st.units[i].full) + grads + in_flight + z.rb * st.units[i].gather);
+      grads -= 4 * st.units[i].full;
+      issued += z.rb * (st.units[i].gather - st.units[i].gather_local);
+    }
+  }
   return peak;
 }
 
@@ -201,26 +253,47 @@ std::vector<int64_t> unit_keys(const ActivationShape::Stage& stage, int64_t n_la
   return keys;
 }
 
+// The unsharded gradient bytes alive during the backward of the i-th of a stage's units
+// (`idx`, forward order), and during forward phases, under GradPhase `g`.
+struct GradBytes {
+  std::vector<int64_t> backward;  // per unit in forward order
+  int64_t forward = 0;
+  GradBytes(const RankState& st, const std::vector<size_t>& idx, GradPhase g) {
+    backward.assign(idx.size(), 0);
+    const int64_t all = all_unit_grads(st);
+    int64_t after = 0;  // the units after i in forward order
+    for (size_t i = idx.size(); i-- > 0;) {
+      const int64_t own = 4 * st.units[idx[i]].full;
+      backward[i] = g == GradPhase::kOwn ? own : g == GradPhase::kFirstBackward ? after + own : all;
+      after += own;
+    }
+    forward = g == GradPhase::kAll ? all : 0;
+  }
+};
+
 // ZeRO-3: max over the peak stage's units of activations + FSDP buffers during the same unit's
 // forward (its parameters and the next unit's prefetch) or backward (Zero3Bytes::backward, while
-// it computes and once it has returned).
+// it computes and once it has returned), with the unsharded gradients of GradPhase `g`.
 int64_t phase_total(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int64_t beta,
-                    int64_t n_layers) {
+                    GradPhase g) {
   const Zero3Bytes z(st, cfg, beta);
-  const std::vector<int64_t> keys = unit_keys(st.stages->at(act.stage), n_layers);
-  auto unit = [&](size_t i) -> const RankState::Unit* {
-    return i < keys.size() ? &st.units.at(st.unit_of.at(keys[i])) : nullptr;
-  };
+  const std::vector<size_t>& idx = st.stage_units.at(act.stage);
+  const GradBytes grads(st, idx, g);
+  auto unit = [&](size_t i) -> const RankState::Unit* { return i < idx.size() ? &st.units[idx[i]] : nullptr; };
   int64_t best = 0;
-  for (size_t i = 0; i < keys.size() && i < act.forward_by_unit.size(); ++i) {
-    int64_t comm = z.keep ? z.kept : z.pb * unit(i)->full;
-    if (i + 1 < keys.size()) comm += z.pb * unit(i + 1)->gather;  // the next unit, prefetched
+  for (size_t i = 0; i < idx.size() && i < act.forward_by_unit.size(); ++i) {
+    int64_t comm = (z.keep ? z.kept : z.pb * unit(i)->full) + grads.forward;
+    if (i + 1 < idx.size()) comm += z.pb * unit(i + 1)->gather;  // the next unit, prefetched
     best = std::max(best, act.forward_by_unit[i] + comm);
   }
-  for (size_t i = 0; i < keys.size() && i < act.backward_by_unit.size(); ++i) {
+  for (size_t i = 0; i < idx.size() && i < act.backward_by_unit.size(); ++i) {
     const RankState::Unit* prev = i > 0 ? unit(i - 1) : nullptr;
-    best = std::max(best, act.backward_by_unit[i] + z.backward(*unit(i), prev, unit(i + 1), false));
-    best = std::max(best, act.after_backward_by_unit[i] + z.backward(*unit(i), prev, unit(i + 1), true));
+    // Reducing once per step, reduce-scatters run only in the last micro-batch, each input
+    // replacing gradients of its unit already counted.
+    const RankState::Unit* next = g == GradPhase::kOwn ? unit(i + 1) : nullptr;
+    best = std::max(best, act.backward_by_unit[i] + z.backward(*unit(i), prev, next, false, grads.backward[i]));
+    best = std::max(best, act.after_backward_by_unit[i] +
+                              z.backward(*unit(i), prev, next, g == GradPhase::kOwn, grads.backward[i]));
   }
   return best;
 }
@@ -229,13 +302,17 @@ int64_t phase_total(const RankState& st, const ActivationPrediction& act, const 
 // so far (every unit after it in forward order; on NCCL about two in flight) + ZeRO-2's
 // unsharded gradients of the unit.
 int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int zero,
-                           bool cpu, int64_t n_layers) {
+                           bool cpu, GradPhase g) {
   const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
-  const std::vector<int64_t> keys = unit_keys(st.stages->at(act.stage), n_layers);
-  auto unit = [&](size_t i) -> const RankState::Unit& { return st.units.at(st.unit_of.at(keys[i])); };
+  const std::vector<size_t>& idx = st.stage_units.at(act.stage);
+  const GradBytes zero2_grads(st, idx, g);
+  auto unit = [&](size_t i) -> const RankState::Unit& { return st.units[idx[i]]; };
   int64_t best = 0, issued = 0;
+  if (zero == 2)  // forward phases, with the gradients a pipelined step keeps
+    for (size_t i = 0; i < idx.size() && i < act.forward_by_unit.size(); ++i)
+      best = std::max(best, act.forward_by_unit[i] + zero2_grads.forward);
   std::vector<int64_t> recent;  // reduce-scatter inputs in issue order
-  for (size_t i = keys.size(); i-- > 0;) {
+  for (size_t i = idx.size(); i-- > 0;) {
     if (i >= act.backward_by_unit.size()) continue;
     // Over MPI on the cpu backend they progress only inside other MPI calls: ZeRO-2's are all
     // alive at the end of backward, ZeRO-1's (issued together in the last backward) all but the
@@ -245,7 +322,11 @@ int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act,
       in_flight = 0;
       for (size_t k = recent.size() >= 2 ? recent.size() - 2 : 0; k < recent.size(); ++k) in_flight += recent[k];
     }
-    const int64_t grads = zero == 2 ? 4 * unit(i).full : 0;
+    const int64_t grads = zero == 2 ? zero2_grads.backward[i] : 0;
+    if (g != GradPhase::kOwn) {  // reducing once: no reduce-scatter before the last micro-batch
+      best = std::max(best, std::max(act.backward_by_unit[i], act.after_backward_by_unit[i]) + grads);
+      continue;
+    }
     best = std::max(best, act.backward_by_unit[i] + rb * in_flight + grads);
     best = std::max(best, act.after_backward_by_unit[i] + rb * (in_flight + unit(i).gather) + grads);
     issued += unit(i).gather;
@@ -293,7 +374,7 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
   const int64_t fsdp = d.dp_shard * d.cp, efsdp = fsdp / std::max<int64_t>(d.ep, 1);
   const std::vector<Held>& params = held_parameters(args, d.tp, d.ep, sequence_parallel);
   const std::vector<Part> parts = parts_of(args, d.pp > 1 ? plan : nullptr);
-  const std::vector<int> flight = d.pp > 1 && plan ? in_flight(*plan) : std::vector<int>{1};
+  const Flight* flight = d.pp > 1 && plan ? &in_flight(*plan) : nullptr;
   std::vector<RankState> out;
   for (size_t r = 0; r < parts.size(); ++r) {
     const Part& part = parts[r];
@@ -302,7 +383,14 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     st.embedding = part.embedding;
     st.head = part.head;
     st.stages = std::make_shared<const std::vector<ActivationShape::Stage>>(part.stages);
-    st.in_flight = flight[std::min(r, flight.size() - 1)];
+    if (flight) {
+      st.in_flight = flight->peak.at(r);
+      st.in_flight_after_backward = flight->peak_after.at(r);
+      if (!flight->states.empty()) {
+        st.in_flight_states = flight->states.at(r);
+        st.in_flight_states_after_backward = flight->states_after.at(r);
+      }
+    }
     std::map<int64_t, std::array<int64_t, 4>> unit;  // unit key (forward order) -> full, gather, local gather, experts
     int64_t packed_full = 0, packed_shard = 0;  // tp_grads' chunk being filled
     auto pack = [](int64_t& largest, int64_t& chunk, int64_t n) {
@@ -353,7 +441,20 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       if (d.ep > 1 && v[3] == 0) ++st.units_without_experts;
     }
     if (head_key == -2 && st.unit_of.count(-2)) st.unit_of[args.n_layers] = st.unit_of[-2];
-    st.signature = key_of("", {st.flat, st.shard, st.in_flight, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
+    for (const RankState::Unit& u : st.units) st.unit_grads_all += 4 * u.full;
+    for (const ActivationShape::Stage& sg : *st.stages) {
+      std::vector<size_t> idx;
+      for (int64_t k : unit_keys(sg, args.n_layers)) idx.push_back(st.unit_of.at(k));
+      st.stage_units.push_back(std::move(idx));
+    }
+    std::vector<int64_t> flights = {st.in_flight, st.in_flight_after_backward};
+    for (const auto* states : {&st.in_flight_states, &st.in_flight_states_after_backward})
+      if (*states)
+        for (const SimulationResult::InFlightState& f : **states) {
+          flights.push_back(-1 - f.running);
+          flights.insert(flights.end(), f.held.begin(), f.held.end());
+        }
+    st.signature = key_of(key_of("", flights), {st.flat, st.shard, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
     for (const ActivationShape::Stage& sg : *st.stages) {
       st.signature = key_of(st.signature, {int64_t(sg.blocks.size()), int64_t(sg.embedding), int64_t(sg.head)});
       if (args.num_experts > 0)
@@ -437,6 +538,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     as.recompute_every = every;
     as.stages = st.stages;
     as.in_flight = st.in_flight;
+    as.states = st.in_flight_states;
     as.pp_microbatches = d.pp > 1 && plan ? plan->microbatches : 0;
     const std::shared_ptr<const ActivationPrediction> shared = predict_activations(as);
     const ActivationPrediction& act = *shared;
@@ -461,9 +563,21 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
-    const int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, args.n_layers)
-                               : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, args.n_layers)
-                                          : act.peak + m.communication;
+    // Pipelined ZeRO-2/3 (reduce_once_per_step): the schedule's peak in-flight micro-batches
+    // in the step's first backward, and the peak from then on with every unit's gradients.
+    const bool once = d.pp > 1 && zero >= 2;
+    const GradPhase first = once ? GradPhase::kFirstBackward : GradPhase::kOwn;
+    int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, first)
+                         : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, first)
+                                    : act.peak + m.communication;
+    if (once) {
+      ActivationShape later = as;
+      later.in_flight = std::max<int64_t>(st.in_flight_after_backward, 1);
+      later.states = st.in_flight_states_after_backward;
+      const std::shared_ptr<const ActivationPrediction> steady = predict_activations(later);
+      coincident = std::max(coincident, zero == 3 ? phase_total(st, *steady, cfg, beta, GradPhase::kAll)
+                                                  : phase_total_zero12(st, *steady, cfg, zero, cpu, GradPhase::kAll));
+    }
     // The cpu backend's start-up rate measurement comes before the model exists.
     m.total = std::max(m.state() + std::min(coincident, act.peak + m.communication), m.temporaries);
     // Per category the largest rank (what the run's summary reports), and the largest total.

@@ -66,6 +66,9 @@ struct RankState {
   /// The unit holding each block (by global index), the embedding (key −2) and the head (key
   /// n_layers): an index into `units`.
   std::map<int64_t, size_t> unit_of;
+  /// Per stage of `stages`, its units in forward order (indices into `units`).
+  std::vector<std::vector<size_t>> stage_units;
+  int64_t unit_grads_all = 0;  ///< every unit's unsharded float32 gradients, bytes (4·Σ full)
   int64_t unit_full_max = 0;       ///< the largest unit's Σ a16(P_p)
   int64_t unit_gather_max = 0;     ///< the largest unit's all-gather output, G·shard
   /// The largest buffer tp_grads packs the gradients partial over tp into (norms under sequence
@@ -77,6 +80,12 @@ struct RankState {
   /// its (empty) shard buffers for them, one byte each (tensor/tensor.cpp never allocates 0).
   int64_t units_without_experts = 0;
   int64_t in_flight = 1;           ///< the schedule's peak in-flight stage micro-batches
+  /// The same peak from the rank's first backward on (pipelined ZeRO-2/3 keep every unit's
+  /// unsharded gradients from then until the step's last backward); 1 without pp.
+  int64_t in_flight_after_backward = 1;
+  /// The simulator's in-flight states of this rank (SimulationResult::in_flight_states and
+  /// ..._after_backward; null without pp).
+  std::shared_ptr<const std::vector<SimulationResult::InFlightState>> in_flight_states, in_flight_states_after_backward;
   /// Equal for ranks whose predictions are equal (state sizes, stage shapes, MoE pattern).
   std::string signature;
 };

@@ -47,6 +47,19 @@ const char* kReshard = "parallelism.fsdp_reshard_after_forward";
 const char* kReduce = "training.mixed_precision_reduce";
 
 
+// Selective AC's N values worth trying on `layers` blocks: block b is recomputed when b % N == 0,
+// so N recomputes ceil(layers / N) blocks; the first N of each distinct count, count falling
+// (memory rising, recomputation falling) from N = 2.
+std::vector<int64_t> selective_every(int64_t layers) {
+  std::vector<int64_t> out;
+  int64_t last = -1;
+  for (int64_t n = 2; n <= std::max<int64_t>(layers, 2); ++n) {
+    const int64_t count = (layers + n - 1) / n;
+    if (count != last) out.push_back(n), last = count;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string PlanCandidate::family() const {
@@ -234,6 +247,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
     return fixed(key) ? std::vector<std::string>{deck_value} : all;
   };
   const std::vector<int64_t> div = divisors(n);
+  const std::vector<int64_t> everies = selective_every(a.n_layers);
   const ParallelismSection& dp = deck.parallelism;
   for (int64_t tp : pick(kTP, div, dp.tensor_parallel_degree)) {
     if (a.n_kv_heads % tp || a.n_heads % tp) continue;
@@ -306,6 +320,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                                                   : std::vector<std::string>{"float32"};
                         for (const std::string& red : pick_s(kReduce, reds, deck.training.mixed_precision_reduce)) {
                           const std::vector<std::string> acs = {"none", "selective", "full"};
+                          bool none_fits = false;  // then selective N > 2 could only be slower
                           for (const std::string& acm : pick_s(kAC, acs, deck.activation_checkpoint.mode)) {
                             ++res.enumerated;
                             PlanCandidate c = deck_c;
@@ -344,6 +359,29 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             c.dims = dims;
                             try {
                               evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a);
+                              if (acm == "none") none_fits = c.fits;
+                              // Selective AC when no AC does not fit: the largest N that fits
+                              // (bisected over the distinct recomputed-block counts, memory
+                              // rising with N), the fastest fitting N tried standing for the
+                              // configuration.
+                              if (acm == "selective" && !fixed(kAC) && c.fits && !none_fits) {
+                                size_t lo = 0, hi = everies.size();  // everies[lo] fits, [hi] does not
+                                PlanCandidate best = c;
+                                while (hi - lo > 1) {
+                                  const size_t mid = (lo + hi) / 2;
+                                  PlanCandidate t = c;
+                                  t.ac_option = std::to_string(everies[mid]);
+                                  cfg.activation_checkpoint.selective_ac_option = t.ac_option;
+                                  evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a);
+                                  if (!t.fits) {
+                                    hi = mid;
+                                    continue;
+                                  }
+                                  lo = mid;
+                                  if (faster(t, best)) best = std::move(t);
+                                }
+                                c = std::move(best);
+                              }
                             } catch (const std::exception& e) {
                               ++res.invalid_reasons[std::string("prediction: ") + e.what()];
                               continue;

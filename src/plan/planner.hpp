@@ -11,8 +11,12 @@
 ///                accumulation), pp micro-batch size
 ///   pipeline     schedule (1F1B, Interleaved1F1B, GPipe, InterleavedZeroBubble, ZBVZeroBubble)
 ///   cp           rotate method (allgather, alltoall)
-///   memory       activation checkpointing none / selective (every 2nd block) / full,
-///                ZeRO stage 1 / 2 / 3, fsdp_reshard_after_forward default / never
+///   memory       activation checkpointing none / selective / full, ZeRO stage 1 / 2 / 3,
+///                fsdp_reshard_after_forward default / never. Selective is one candidate per
+///                configuration: every N-th block recomputed, N = 2 unless no AC does not fit
+///                and N = 2 does, then the largest N that fits (bisected over the distinct
+///                counts ceil(layers / N) of recomputed blocks, memory rising with N; the
+///                fastest fitting N tried is kept)
 ///   precision    reduce dtype float32 / bfloat16 (bf16 decks)
 #include <cstdint>
 #include <map>

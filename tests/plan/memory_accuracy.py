@@ -2,10 +2,10 @@
 """meshtrain plan's memory prediction against the allocator's measured peaks, layout by layout.
 
 For each layout (DDP, FSDP, ZeRO-1/2, HSDP, TP and TP without sequence parallelism, TP x FSDP,
-pipeline schedules, CP with both rotate methods, MoE with and without expert parallelism,
-activation checkpointing) on a model: train 2 steps on CPU ranks, read the summary's
-memory_peak_bytes_by_category (largest rank per category) and the largest step record's
-memory_peak_bytes, and ask `meshtrain plan --fixed all --json` for the same deck and overrides.
+pipeline schedules, pipeline x FSDP and x ZeRO-2, CP with both rotate methods, MoE with and
+without expert parallelism, activation checkpointing) on a model: train 2 steps on CPU ranks,
+read the summary's memory_peak_bytes_by_category (largest rank per category) and the largest
+step record's memory_peak_bytes, and ask `meshtrain plan --fixed all --json` for the same deck and overrides.
   parameters, gradients, optimizer: equal to the byte;
   activations and the total:        within --tol (5%).
 The communication category is printed but not checked: when an asynchronous reduce-scatter
@@ -55,6 +55,11 @@ LAYOUTS = [
     ("pp2_interleaved", 2, ["--training.local_batch_size=4", "--training.global_batch_size=4", "--model.n_layers=4",
                             P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=1",
                             P + "pipeline_parallel_schedule=Interleaved1F1B"]),
+    # Pipelined ZeRO-3 and ZeRO-2 keep every unit's unsharded gradients for the whole step.
+    ("pp2_fsdp2", 4, ["--training.local_batch_size=4", "--training.global_batch_size=8", "--model.n_layers=4",
+                      P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=2"]),
+    ("pp2_zero2_2", 4, ["--training.local_batch_size=4", "--training.global_batch_size=8", "--model.n_layers=4",
+                        P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=2", P + "zero_stage=2"]),
     ("cp2_allgather", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2",
                           P + "context_parallel_degree=2", P + "data_parallel_shard_degree=1"]),
     ("cp2_ring", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2", P + "context_parallel_degree=2",

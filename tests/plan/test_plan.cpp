@@ -133,3 +133,48 @@ BOOST_AUTO_TEST_CASE(plan_of_a_fixed_deck_is_the_deck_and_scales_with_the_batch)
   o.fixed = {"parallelism.tp"};
   BOOST_CHECK_THROW(run_plan(base, o), ConfigError);
 }
+
+BOOST_AUTO_TEST_CASE(selective_checkpointing_takes_the_largest_n_that_fits) {
+  // 8B (32 blocks) FSDP 8 with only the activation checkpointing free: every N from 2 to 32
+  // predicted on its own, then a memory limit between two of them; the search must pick the
+  // largest N under it (none does not fit, full recomputes more).
+  const JobConfig base = load_job_config_text(
+      "[model]\nname = \"llama3\"\nflavor = \"8B\"\n[training]\nlocal_batch_size = 2\nglobal_batch_size = 16\n"
+      "seq_len = 4096\ndevice = \"cuda\"\nmixed_precision_param = \"bfloat16\"\n[activation_checkpoint]\nmode = \"selective\"\n"
+      "selective_ac_option = \"2\"\n",
+      "deck.toml", {});
+  HardwareSpec hw = find_hardware("h100_sxm");
+  std::vector<std::pair<int64_t, int64_t>> total_of;  // (N, predicted total bytes)
+  for (int64_t n = 2; n <= 32; ++n) {
+    JobConfig d = base;
+    d.activation_checkpoint.selective_ac_option = std::to_string(n);
+    total_of.emplace_back(n, predict_deck(d, 8, hw).memory.total);
+  }
+  JobConfig none = base;
+  none.activation_checkpoint.mode = "none";
+  const int64_t none_total = predict_deck(none, 8, hw).memory.total;
+  // A limit halfway between N = 4's total and the next larger total.
+  const int64_t at4 = total_of[2].second;
+  int64_t above = none_total;
+  for (const auto& [n, t] : total_of)
+    if (t > at4) above = std::min(above, t);
+  BOOST_TEST_REQUIRE(above > at4);
+  const double limit = 0.5 * double(at4 + above);
+  hw.memory_bytes = limit / (1 - hw.fragmentation);
+  int64_t want = 0;
+  for (const auto& [n, t] : total_of)
+    if (double(t) <= limit) want = n;
+  PlanOptions o;
+  o.devices = 8;
+  o.hardware = hw;
+  for (const std::string& k : plan_knobs())
+    if (k != "activation_checkpoint.mode") o.fixed.insert(k);
+  const PlanResult r = run_plan(base, o);
+  BOOST_TEST(r.enumerated == 3);  // none, selective (its N searched), full
+  BOOST_TEST_REQUIRE(!r.ranked.empty());
+  const PlanCandidate& best = r.ranked.front();
+  BOOST_TEST(best.ac_mode == "selective");
+  BOOST_TEST(best.ac_option == std::to_string(want));
+  BOOST_TEST(want >= 4);
+  BOOST_TEST(double(best.memory.total) <= limit);
+}

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <string>
 
 #include "parallel/pipeline/schedule.hpp"
@@ -112,6 +113,25 @@ BOOST_AUTO_TEST_CASE(every_schedule_validates_and_meets_its_formula) {
             }
             if (name == "ZBVZeroBubble")
               for (int rank = 0; rank < pp; ++rank) BOOST_TEST(r.peak_in_flight[rank] <= 3 * pp - 1);
+            // In-flight states: per rank, their largest count (held + the running one) is the
+            // peak, from the first backward on the peak after it; 1F1B with m > pp reaches its
+            // peak again after the first backward, GPipe never does (every forward comes first:
+            // its second backward still holds m − 1).
+            for (int rank = 0; rank < pp; ++rank) {
+              auto largest = [&](const std::vector<SimulationResult::InFlightState>& states) {
+                int most = 0;
+                for (const SimulationResult::InFlightState& st : states) {
+                  BOOST_TEST(st.held.size() == size_t(v));
+                  BOOST_TEST((st.running >= 0 && st.running < v));
+                  most = std::max(most, 1 + std::accumulate(st.held.begin(), st.held.end(), 0));
+                }
+                return most;
+              };
+              BOOST_TEST(largest(r.in_flight_states[rank]) == r.peak_in_flight[rank]);
+              BOOST_TEST(largest(r.in_flight_states_after_backward[rank]) == r.peak_in_flight_after_backward[rank]);
+              if (name == "1F1B" && m > pp) BOOST_TEST(r.peak_in_flight_after_backward[rank] == r.peak_in_flight[rank]);
+              if (name == "GPipe") BOOST_TEST(r.peak_in_flight_after_backward[rank] == m - 1);
+            }
           }
         }
       }

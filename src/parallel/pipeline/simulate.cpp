@@ -35,6 +35,36 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   SimulationResult out;
   out.busy.assign(P, 0);
   out.peak_in_flight.assign(P, 0);
+  out.peak_in_flight_after_backward.assign(P, 0);
+  out.in_flight_states.resize(P);
+  out.in_flight_states_after_backward.resize(P);
+  std::vector<bool> backed(P, false);  // the rank's first backward has run
+  std::vector<std::vector<int>> local(P);       // [rank][global stage] → index in stages_of(rank), −1
+  std::vector<std::vector<int>> per_stage(P);   // [rank][local stage] micro-batches in flight
+  for (int r = 0; r < P; ++r) {
+    const std::vector<int> mine = s.stages_of(r);
+    per_stage[r].assign(mine.size(), 0);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (int(local[r].size()) <= mine[i]) local[r].resize(size_t(mine[i]) + 1, -1);
+      local[r][size_t(mine[i])] = int(i);
+    }
+  }
+  // Records rank r's state with a micro-batch of local stage `run` running, keeping only the
+  // states no other one of the same running stage dominates.
+  auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run) {
+    SimulationResult::InFlightState st{per_stage[r], run};
+    --st.held[size_t(run)];
+    auto covers = [](const SimulationResult::InFlightState& x, const SimulationResult::InFlightState& y) {
+      if (x.running != y.running) return false;
+      for (size_t i = 0; i < x.held.size(); ++i)
+        if (x.held[i] < y.held[i]) return false;
+      return true;
+    };
+    for (const auto& e : into)
+      if (covers(e, st)) return;
+    std::erase_if(into, [&](const SimulationResult::InFlightState& e) { return covers(st, e); });
+    into.push_back(std::move(st));
+  };
   out.start.resize(P);
   out.finish.resize(P);
   for (int r = 0; r < P; ++r) {
@@ -67,8 +97,25 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
           now[r] += c;
           out.finish[r][pos[r]] = now[r];
           out.busy[r] += c;
-          if (a.type == ActionType::kForward) out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
-          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) --in_flight[r];
+          const int ls = a.stage >= 0 && a.stage < int(local[r].size()) ? local[r][size_t(a.stage)] : -1;
+          if (a.type == ActionType::kForward) {
+            out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
+            if (ls >= 0) ++per_stage[r][size_t(ls)];
+          }
+          // A forward counts its micro-batch from its start, a backward until its end.
+          if (ls >= 0 && per_stage[r][size_t(ls)] > 0) {
+            record(out.in_flight_states[r], r, ls);
+            if (backed[r]) record(out.in_flight_states_after_backward[r], r, ls);
+          }
+          if (a.type != ActionType::kForward && backed[r])  // a backward still holds its micro-batch
+            out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);
+          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
+            --in_flight[r];
+            if (ls >= 0) --per_stage[r][size_t(ls)];
+          }
+          if (a.type == ActionType::kForward && backed[r])
+            out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);
+          if (a.type != ActionType::kForward) backed[r] = true;
         }
         progress = true;
       }

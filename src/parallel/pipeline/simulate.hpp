@@ -44,6 +44,23 @@ struct SimulationResult {
   /// gradient still reads the saved activations) has not run yet: the activation memory a rank
   /// holds, in stage micro-batches.
   std::vector<int> peak_in_flight;
+  /// [pp] the same peak counted from the end of the rank's first backward action (B, I or W) on:
+  /// what a rank holds while the unsharded gradients that pipelined FSDP keeps for the whole
+  /// step exist (0 when the rank has no backward).
+  std::vector<int> peak_in_flight_after_backward;
+  /// One moment of a rank: stage micro-batches held per stage of the rank (indexed like
+  /// PipelineSchedule::stages_of(rank)) besides the one that runs, of stage `running`.
+  struct InFlightState {
+    std::vector<int> held;
+    int running = 0;
+    bool operator==(const InFlightState&) const = default;
+  };
+  /// [pp] the states a rank passes through at its compute actions (a forward after it counts
+  /// its micro-batch, a backward before it releases one), only those no other state of the
+  /// same running stage dominates (held no larger for every stage): the activation memory of
+  /// stages of different sizes peaks at one of them. `_after_backward`: from the end of the
+  /// rank's first backward on.
+  std::vector<std::vector<InFlightState>> in_flight_states, in_flight_states_after_backward;
   /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
   /// communication actions.
   std::vector<std::vector<int64_t>> start, finish;
