@@ -33,6 +33,9 @@ struct Sizes {
   int64_t E = 0, k = 0, H = 0, Hs = 0, rows_in = 0;
   bool ep = false, aux = false;
   int64_t b = 0;
+  // A split backward (I of a zero-bubble schedule): the tensors the weight-gradient terms read
+  // stay alive until W (model/weight_grad_queue.hpp) instead of dying with the backward.
+  bool split = false;
   int64_t nD() const { return n * D * beta; }
   int64_t ND() const { return N * D * beta; }
 };
@@ -131,17 +134,26 @@ int64_t moe_forward(Live& m, const Sizes& s, bool keep) {
 
 // FeedForward::backward with its saved tensors alive; dout [n, D] alive (the caller's).
 // Leaves dx [n, D] alive and frees what it saved.
+// Split: only dh, the partial dx and the saved a, b die; dout (gathered), da, db, h and the
+// input stay for W (w2 reads dout and h, w1 and w3 da, db and the input).
 void ffn_backward(Live& m, const Sizes& s, int64_t width, int64_t saved) {
   const int64_t dout_g = enter(m, s);
   m.alloc(3 * s.N * width * s.beta);  // dh, da, db
   m.alloc(s.ND());                    // dx
   exit_alloc(m, s);
+  if (s.split) {
+    m.free(s.N * width * s.beta + (s.sp ? s.ND() : 0) + 2 * s.N * width * s.beta);
+    return;
+  }
   m.free(dout_g + 3 * s.N * width * s.beta + (s.sp ? s.ND() : 0));
   m.free(saved);  // its saved tensors, the normed input included, die with its locals
 }
 
 // MoE::backward with its saved tensors (`saved`, without its input) and its input alive.
 // Leaves dx [n, D] alive; frees the rest, the input included.
+// Split: the experts' terms keep the gradient rows at the experts, h, da, db and xe, the
+// gate's keeps its logits' gradient (activation dtype) and the input; the shared experts keep
+// what a FeedForward keeps.
 void moe_backward(Live& m, const Sizes& s, int64_t saved) {
   const int64_t n = s.n, R = n * s.k;
   int64_t shared = 0;
@@ -149,9 +161,11 @@ void moe_backward(Live& m, const Sizes& s, int64_t saved) {
     const int64_t dout_g = enter(m, s);
     m.alloc(3 * s.N * s.Hs * s.beta + s.ND());
     exit_alloc(m, s);
-    m.free(dout_g + 3 * s.N * s.Hs * s.beta + (s.sp ? s.ND() : 0));
     const int64_t sh_saved = (s.sp ? s.ND() : 0) + 3 * s.N * s.Hs * s.beta;
-    m.free(sh_saved);
+    if (s.split)  // dh, the partial dx and the saved a, b die
+      m.free(s.N * s.Hs * s.beta + (s.sp ? s.ND() : 0) + 2 * s.N * s.Hs * s.beta);
+    else
+      m.free(dout_g + 3 * s.N * s.Hs * s.beta + (s.sp ? s.ND() : 0) + sh_saved);
     saved -= sh_saved;
     shared = s.nD();
   }
@@ -165,6 +179,13 @@ void moe_backward(Live& m, const Sizes& s, int64_t saved) {
                         + (s.beta != 4 ? n * s.E * s.beta : 0);          // dlogits in the activation dtype
   m.alloc(temps);
   m.alloc(s.nD());  // dx
+  if (s.split) {
+    const int64_t kept_temps = re * s.D * s.beta /* dy at the experts */ + 2 * re * s.H * s.beta /* da, db */ +
+                               (s.beta != 4 ? n * s.E * s.beta : n * s.E * 4) /* the gate's dy */;
+    const int64_t kept_saved = re * s.H * s.beta /* h */ + re * s.D * s.beta /* xe */;
+    m.free(temps - kept_temps + shared + saved - kept_saved);
+    return;
+  }
   m.free(temps + shared + saved + s.nD() /* the input */);
 }
 
@@ -176,13 +197,19 @@ void attention_backward(Live& m, const Sizes& s, int64_t saved) {
   m.alloc(2 * s.N * s.K * s.beta);                        // dk, dv
   if (s.qk_norm) {  // each norm's backward allocates a new gradient and frees its saved pair
     m.alloc(s.N * s.K * s.beta);
-    m.free(s.N * s.K * s.beta + s.N * s.hk * 4);
+    if (!s.split) m.free(s.N * s.K * s.beta + s.N * s.hk * 4);
     m.alloc(s.N * s.Q * s.beta);
-    m.free(s.N * s.Q * s.beta + s.N * s.hq * 4);
+    if (!s.split) m.free(s.N * s.Q * s.beta + s.N * s.hq * 4);
     saved -= s.N * s.K * s.beta + s.N * s.hk * 4 + s.N * s.Q * s.beta + s.N * s.hq * 4;
   }
   m.alloc(s.ND());  // dx
   exit_alloc(m, s);
+  if (s.split) {
+    // d_o, the partial dx and the attention kernel's q, k, v and lse die; dout (gathered), o,
+    // dq, dk, dv (and the q/k norms' pairs and outputs) and the input stay for W.
+    m.free(s.N * s.Q * s.beta + (s.sp ? s.ND() : 0) + s.N * (s.Q + 2 * s.K) * s.beta + s.N * s.hq * 4);
+    return;
+  }
   const int64_t grads = s.N * s.Q * s.beta * 2 + 2 * s.N * s.K * s.beta + (s.qk_norm ? s.N * (s.Q + s.K) * s.beta : 0);
   m.free(dout_g + grads + (s.sp ? s.ND() : 0));
   m.free(saved);  // its saved tensors, the normed input included
@@ -219,14 +246,19 @@ void block_backward(Live& m, const Sizes& s, bool moe, const BlockSaved& b) {
     moe_backward(m, s, b.ffn - s.nD());
   else
     ffn_backward(m, s, s.F, b.ffn);
-  // ffn_norm's backward (residual): dh; frees rstd2, h and the FFN's dx.
+  // ffn_norm's backward (residual): dh; frees rstd2, h and the FFN's dx (split: its weight
+  // term reads all three).
   m.alloc(s.nD());
-  m.free(s.n * 4 + s.nD() + s.nD());
+  if (!s.split) m.free(s.n * 4 + s.nD() + s.nD());
   attention_backward(m, s, b.attn);
   // attention_norm's backward: dx; frees rstd1, the block input, the attention's dx, and dh at
-  // the block's return.
+  // the block's return (split: the norm's term keeps the first three; wo's keeps dh unless
+  // sequence parallelism gathered a copy of it).
   m.alloc(s.nD());
-  m.free(s.n * 4 + s.nD() + s.nD() + s.nD());
+  if (!s.split)
+    m.free(s.n * 4 + s.nD() + s.nD() + s.nD());
+  else if (s.sp)
+    m.free(s.nD());
 }
 
 }  // namespace
@@ -244,10 +276,13 @@ std::shared_ptr<const ActivationPrediction> predict_activations(const Activation
                               a.seq_len, a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
                               a.recompute_every, a.in_flight, a.pp_microbatches};
   if (!a.stages || a.stages->empty()) throw std::invalid_argument("predict_activations: no stage");
-  if (a.states)
+  if (a.states && a.states_id > 0)
+    key.push_back(a.states_id);
+  else if (a.states)
     for (const SimulationResult::InFlightState& st : *a.states) {
-      key.push_back(-1000 - st.running);
+      key.push_back(-1000 - st.running - 1000000 * int64_t(st.phase));
       key.insert(key.end(), st.held.begin(), st.held.end());
+      key.insert(key.end(), st.pending.begin(), st.pending.end());
     }
   for (const ActivationShape::Stage& st : *a.stages) {
     key.push_back(int64_t(st.embedding) + 2 * int64_t(st.head));
@@ -315,13 +350,16 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   auto recomputed = [&](int64_t block) {
     return a.recompute_every == 1 || (a.recompute_every > 1 && block % a.recompute_every == 0);
   };
-  // One micro-batch through `st`, forward then backward, with `held` bytes of other
-  // micro-batches alive; returns the high-water mark and sets `kept` to what its forward keeps.
+  // One micro-batch through stage `st`, forward then backward, with `held` bytes of other
+  // micro-batches alive (`split`: the backward is the I of a split one, Sizes::split); returns
+  // the high-water mark and sets `kept` to what its forward keeps.
   struct Replay {
-    int64_t peak = 0, kept = 0;
+    int64_t peak = 0, kept = 0, end = 0;  // end: bytes alive when the backward has returned
     std::vector<int64_t> fwd, bwd, after;  // per unit, forward order
   };
-  auto replay = [&](const ActivationShape::Stage& st, int64_t held) {
+  auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
+    Sizes sz = s;
+    sz.split = split;
     Replay r;
     Live m;
     m.alloc(out.persistent + held);
@@ -330,70 +368,76 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     m.alloc(context);
     m.begin_phase();
     if (st.embedding) {
-      m.alloc(s.ND());  // the looked-up rows of every local token
-      if (s.sp) {
-        m.alloc(s.nD());
-        m.free(s.ND());
+      m.alloc(sz.ND());  // the looked-up rows of every local token
+      if (sz.sp) {
+        m.alloc(sz.nD());
+        m.free(sz.ND());
       }
       r.fwd.push_back(m.phase);
     } else {
-      m.alloc(s.nD());  // the stage input received from the previous stage
+      m.alloc(sz.nD());  // the stage input received from the previous stage
     }
     for (size_t i = 0; i < st.blocks.size(); ++i) {
       m.begin_phase();
-      saved[i] = block_forward(m, s, g.is_moe_layer(st.blocks[i]), !recomputed(st.blocks[i]));
+      saved[i] = block_forward(m, sz, g.is_moe_layer(st.blocks[i]), !recomputed(st.blocks[i]));
       r.fwd.push_back(m.phase);
     }
     m.begin_phase();
     if (st.head) {
-      m.alloc(s.nD() + s.n * 4);   // norm output and rstd
-      if (s.sp) {                  // the gathered normed input; the shard is freed
-        m.alloc(s.ND());
-        m.free(s.nD());
+      m.alloc(sz.nD() + sz.n * 4);   // norm output and rstd
+      if (sz.sp) {                  // the gathered normed input; the shard is freed
+        m.alloc(sz.ND());
+        m.free(sz.nD());
       }
-      m.alloc(s.N * s.V * s.beta); // logits, overwritten in place by their gradient
+      m.alloc(sz.N * sz.V * sz.beta); // logits, overwritten in place by their gradient
       r.fwd.push_back(m.phase);
     } else {
-      m.free(s.nD());              // the stage output, sent
+      m.free(sz.nD());              // the stage output, sent
     }
     r.kept = m.now - start;
     std::vector<int64_t> bwd, after;  // reverse order, flipped below
     m.begin_phase();
     if (st.head) {
-      m.alloc(s.ND());  // dh
-      if (s.sp) {
-        m.alloc(s.nD());
-        m.free(s.ND());
+      m.alloc(sz.ND());  // dh
+      if (sz.sp) {
+        m.alloc(sz.nD());
+        m.free(sz.ND());
       }
-      m.alloc(s.nD());  // the norm's dx
-      m.free(s.n * 4 + s.nD() /* input */ + s.ND() + s.N * s.V * s.beta + s.nD() /* dh */);
+      m.alloc(sz.nD());  // the norm's dx
+      // Split: the output projection's term reads h and the logits' gradient, the norm's its
+      // input, rstd and dh: nothing dies before W.
+      if (!sz.split) m.free(sz.n * 4 + sz.nD() /* input */ + sz.ND() + sz.N * sz.V * sz.beta + sz.nD() /* dh */);
       bwd.push_back(m.phase);
       after.push_back(m.now);
     } else {
-      m.alloc(s.nD());  // the gradient received from the next stage
+      m.alloc(sz.nD());  // the gradient received from the next stage
     }
     for (size_t i = st.blocks.size(); i-- > 0;) {
       m.begin_phase();
       const bool moe = g.is_moe_layer(st.blocks[i]);
       if (recomputed(st.blocks[i])) {
         const int64_t before = m.now;
-        saved[i] = block_forward(m, s, moe, true);
-        m.free(m.now - before - (saved[i].total - s.nD()));  // the rerun's output, dropped
+        saved[i] = block_forward(m, sz, moe, true);
+        m.free(m.now - before - (saved[i].total - sz.nD()));  // the rerun's output, dropped
       }
-      block_backward(m, s, moe, saved[i]);
-      m.free(s.nD());  // the incoming gradient, replaced by the block's dx
+      block_backward(m, sz, moe, saved[i]);
+      // The incoming gradient, replaced by the block's dx (split without sequence parallelism:
+      // w2 — of the FFN or the shared experts — reads it as its dout).
+      if (!sz.split || sz.sp || (moe && sz.Hs == 0)) m.free(sz.nD());
       bwd.push_back(m.phase);
       after.push_back(m.now);
     }
     if (st.embedding) {
       m.begin_phase();
-      m.free(enter(m, s));
+      const int64_t gathered = enter(m, sz);
+      if (!sz.split) m.free(gathered);  // split: the scatter-add's term reads it at W
       bwd.push_back(m.phase);
       after.push_back(m.now);
     }
     r.bwd.assign(bwd.rbegin(), bwd.rend());
     r.after.assign(after.rbegin(), after.rend());
     r.peak = m.peak;
+    r.end = m.now;
     return r;
   };
 
@@ -402,9 +446,10 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   // stage keeping the most) while one more runs through the stage that peaks highest.
   int64_t biggest = 0;
   for (const ActivationShape::Stage& st : stages) {
-    const int64_t kept = replay(st, 0).kept;
-    biggest = std::max(biggest, kept);
-    out.per_microbatch_rank += kept;
+    const Replay one = replay(st, 0, false);
+    biggest = std::max(biggest, one.kept);
+    out.per_microbatch_rank += one.kept;
+    out.after_step = std::max(out.after_step, one.end);
   }
   out.per_microbatch = biggest;
   // Started micro-batches' contexts (pipeline rounds of m; one receive posted ahead), for
@@ -422,24 +467,67 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   };
   if (!a.states) {
     const int64_t held = (a.in_flight - 1) * biggest + contexts(a.in_flight);
-    for (size_t i = 0; i < stages.size(); ++i) keep_if_higher(replay(stages[i], held), i);
+    for (size_t i = 0; i < stages.size(); ++i) keep_if_higher(replay(stages[i], held, false), i);
     return out;
   }
-  // Each state: its held micro-batches' kept bytes, stage by stage, while one runs. A replay
-  // only adds to what it starts with, so each stage's is made once and shifted.
+  // Each state: its held micro-batches' kept bytes and its pending ones' weight-gradient
+  // operands, stage by stage, while one runs (a W runs on what is held). A replay only adds
+  // to what it starts with, so each stage's is made once and shifted.
+  bool split = false;
+  for (const SimulationResult::InFlightState& st : *a.states)
+    for (int p : st.pending) split |= p > 0;
   std::vector<Replay> base(stages.size());
-  for (size_t i = 0; i < stages.size(); ++i) base[i] = replay(stages[i], 0);
+  std::vector<int64_t> pending(stages.size(), 0);  // a micro-batch's bytes from its I to its W
+  for (size_t i = 0; i < stages.size(); ++i) {
+    base[i] = replay(stages[i], 0, split);
+    if (split) pending[i] = base[i].end - replay(stages[i], 0, false).end;
+  }
+  // Per stage, the highest bytes alive at each unit's phase over the states running that
+  // stage: a forward state's forward phases, a backward state's backward phases, and for a W
+  // every phase at what is held (it allocates nothing of its own).
+  using Phase = SimulationResult::InFlightState::Phase;
+  std::vector<Replay> merged(stages.size());
+  std::vector<bool> any(stages.size(), false);
+  for (size_t i = 0; i < stages.size(); ++i) {
+    merged[i] = base[i];
+    merged[i].peak = 0;
+    for (std::vector<int64_t>* v : {&merged[i].fwd, &merged[i].bwd, &merged[i].after}) std::fill(v->begin(), v->end(), 0);
+  }
+  auto raise = [](std::vector<int64_t>& into, const std::vector<int64_t>& from, int64_t add) {
+    for (size_t u = 0; u < into.size() && u < from.size(); ++u) into[u] = std::max(into[u], from[u] + add);
+  };
+  auto raise_to = [](std::vector<int64_t>& into, int64_t level) {
+    for (int64_t& x : into) x = std::max(x, level);
+  };
   for (const SimulationResult::InFlightState& st : *a.states) {
-    if (st.running < 0 || size_t(st.running) >= stages.size() || st.held.size() != stages.size())
+    if (st.running < 0 || size_t(st.running) >= stages.size() || st.held.size() != stages.size() ||
+        st.pending.size() != stages.size())
       throw std::invalid_argument("predict_activations: an in-flight state does not match the rank's stages");
-    int64_t held = 0, flight = 1;
-    for (size_t i = 0; i < stages.size(); ++i) held += st.held[i] * base[i].kept, flight += st.held[i];
+    int64_t held = 0, flight = st.phase == Phase::kWeight ? 0 : 1;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      held += st.held[i] * base[i].kept + st.pending[i] * pending[i];
+      flight += st.held[i] + st.pending[i];
+    }
     held += contexts(flight);
-    Replay r = base[size_t(st.running)];
-    r.peak += held;
-    for (std::vector<int64_t>* v : {&r.fwd, &r.bwd, &r.after})
-      for (int64_t& x : *v) x += held;
-    keep_if_higher(std::move(r), size_t(st.running));
+    const size_t i = size_t(st.running);
+    const Replay& r = base[i];
+    Replay& m = merged[i];
+    any[i] = true;
+    if (st.phase == Phase::kForward) {
+      raise(m.fwd, r.fwd, held);
+    } else if (st.phase == Phase::kBackward) {
+      raise(m.bwd, r.bwd, held);
+      raise(m.after, r.after, held);
+    } else {
+      for (std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after}) raise_to(*v, out.persistent + held);
+    }
+  }
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (!any[i]) continue;
+    Replay& m = merged[i];
+    for (const std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after})
+      for (int64_t x : *v) m.peak = std::max(m.peak, x);
+    keep_if_higher(std::move(m), i);
   }
   return out;
 }

@@ -20,6 +20,11 @@
 /// normed input and the [N, V] logits, overwritten in place by their gradient. Backward's peak
 /// adds the gradients in flight (the FFN's dh, da, db of N·F each, for example).
 ///
+/// Split backwards (zero-bubble schedules' I): the tensors the weight-gradient terms read (each
+/// linear's input and output gradient, each norm's input, output gradient and rstd, the
+/// embedding's gathered gradient, the experts' rows and the gate's logits gradient) stay alive
+/// until W instead of dying with the backward.
+///
 /// Mixture of Experts blocks replay moe.cpp with R = N·top_k routed rows; with expert
 /// parallelism a rank receives R rows on average (balanced routing — a skewed router makes the
 /// busiest rank receive more). Context parallelism keeps the same tensors at T = seq_len / cp
@@ -57,10 +62,17 @@ struct ActivationShape {
   /// in_flight − 1 of the largest stage's and runs one more through each stage.
   int64_t in_flight = 1;
   /// Pipeline schedules: the rank's undominated in-flight states (SimulationResult::
-  /// in_flight_states: micro-batches held per stage, indexed like `stages`, and the stage of the
-  /// one running). When given, the replay runs each state's micro-batch through its stage with
-  /// the others' kept bytes held, stage by stage; in_flight is then unused.
+  /// in_flight_states: per stage, indexed like `stages`, the micro-batches awaiting their
+  /// backward and those between I and W, and the stage and phase of the action running). When
+  /// given, each state holds its micro-batches' bytes stage by stage — a forward's kept tensors,
+  /// or a split backward's weight-gradient operands (what the I replay leaves alive) — while
+  /// its action runs: a forward state's forward phases, a backward state's backward phases
+  /// (the I replay when any state has a pending W), a W only what is held. in_flight is then
+  /// unused.
   std::shared_ptr<const std::vector<SimulationResult::InFlightState>> states;
+  /// A number naming `states`' content for the memo (equal numbers only for equal contents; the
+  /// memory model numbers the simulator's lists it caches); 0: the memo reads the content.
+  int64_t states_id = 0;
   /// Pipeline parallelism: micro-batches per round, m (0 without pp). The runtime keeps every
   /// started micro-batch's token ids and targets until the round ends and posts one receive
   /// buffer ahead.
@@ -73,6 +85,7 @@ struct ActivationPrediction {
   int64_t per_microbatch = 0;   ///< bytes one micro-batch keeps from its forward to its backward (largest stage)
   int64_t per_microbatch_rank = 0;  ///< the same summed over the rank's stages (one micro-batch through all of them)
   int64_t persistent = 0;       ///< RoPE tables (float32 [T, Dh/2] cos and sin), kept across steps
+  int64_t after_step = 0;       ///< bytes alive once the step's backwards are done (the gradient syncs' time)
   /// The highest bytes alive during each unit's forward and during its backward (recomputation
   /// included), units in forward order (embedding, blocks, head of the stage that peaks), so a
   /// caller can add what other categories hold during the same unit.

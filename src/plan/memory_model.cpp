@@ -22,8 +22,7 @@ int64_t a16(int64_t x) { return (x + 15) / 16 * 16; }
 
 // A memo key: `head`, then each value after a '/' (appended in place: concatenating temporaries
 // trips GCC 12's -Wrestrict false positive).
-template <class Values>
-std::string key_of_values(const std::string& head, const Values& values) {
+std::string key_of(const std::string& head, std::initializer_list<int64_t> values) {
   std::string k = head;
   for (int64_t v : values) {
     k += '/';
@@ -31,8 +30,6 @@ std::string key_of_values(const std::string& head, const Values& values) {
   }
   return k;
 }
-std::string key_of(const std::string& head, std::initializer_list<int64_t> values) { return key_of_values(head, values); }
-std::string key_of(const std::string& head, const std::vector<int64_t>& values) { return key_of_values(head, values); }
 
 // The model's shape as a memo key.
 std::string model_key(const ModelArgs& a) {
@@ -120,7 +117,8 @@ std::vector<Part> parts_of(const ModelArgs& args, const PipelinePlan* plan) {
 struct Flight {
   std::vector<int> peak, peak_after;  // [pp] peak in-flight stage micro-batches; from the first backward on
   using States = std::shared_ptr<const std::vector<SimulationResult::InFlightState>>;
-  std::vector<States> states, states_after;  // [pp] SimulationResult::in_flight_states(_after_backward); empty: none
+  std::vector<States> states, states_after;  // [pp] SimulationResult::in_flight_states(_after_backward)
+  std::vector<int64_t> ids, ids_after;       // [pp] ActivationShape::states_id of each (unique per process)
 };
 const Flight& in_flight(const PipelinePlan& plan) {
   static std::mutex mu;
@@ -132,22 +130,29 @@ const Flight& in_flight(const PipelinePlan& plan) {
     auto it = cache.find(key);
     if (it != cache.end()) return *it->second;
   }
-  const SimulationResult sim = simulate_schedule(s);
+  const SimulationResult sim = simulate_schedule(s, {}, /*in_flight_states=*/true);
   auto f = std::make_shared<Flight>();
   f->peak = sim.peak_in_flight;
   f->peak_after = sim.peak_in_flight_after_backward;
-  // A split backward (zero-bubble schedules) holds each micro-batch's weight-gradient operands
-  // (inputs and output gradients) from I to W, which the replay does not model: those ranks
-  // keep the bound of in-flight − 1 micro-batches of the largest stage (no states).
-  bool split = false;
-  for (const std::vector<Action>& actions : s.ranks)
-    for (const Action& a : actions) split |= a.type == ActionType::kBackwardInput;
-  for (size_t r = 0; r < sim.in_flight_states.size() && !split; ++r) {
-    f->states.push_back(std::make_shared<const std::vector<SimulationResult::InFlightState>>(sim.in_flight_states[r]));
-    f->states_after.push_back(
-        std::make_shared<const std::vector<SimulationResult::InFlightState>>(sim.in_flight_states_after_backward[r]));
-  }
   std::lock_guard<std::mutex> lock(mu);
+  // Ids name contents: ranks with equal lists share one (so they share predictions), and the
+  // cache never erases, so an id never names two contents.
+  static int64_t next_id = 0;
+  auto add = [&](const std::vector<std::vector<SimulationResult::InFlightState>>& lists, size_t r,
+                 std::vector<Flight::States>& states, std::vector<int64_t>& ids) {
+    for (size_t q = 0; q < r; ++q)
+      if (*states[q] == lists[r]) {
+        states.push_back(states[q]);
+        ids.push_back(ids[q]);
+        return;
+      }
+    states.push_back(std::make_shared<const std::vector<SimulationResult::InFlightState>>(lists[r]));
+    ids.push_back(++next_id);
+  };
+  for (size_t r = 0; r < sim.in_flight_states.size(); ++r) {
+    add(sim.in_flight_states, r, f->states, f->ids);
+    add(sim.in_flight_states_after_backward, r, f->states_after, f->ids_after);
+  }
   return *cache.emplace(key, std::move(f)).first->second;  // entries are never erased: references stay valid
 }
 
@@ -386,10 +391,10 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     if (flight) {
       st.in_flight = flight->peak.at(r);
       st.in_flight_after_backward = flight->peak_after.at(r);
-      if (!flight->states.empty()) {
-        st.in_flight_states = flight->states.at(r);
-        st.in_flight_states_after_backward = flight->states_after.at(r);
-      }
+      st.in_flight_states = flight->states.at(r);
+      st.in_flight_states_after_backward = flight->states_after.at(r);
+      st.states_id = flight->ids.at(r);
+      st.states_after_id = flight->ids_after.at(r);
     }
     std::map<int64_t, std::array<int64_t, 4>> unit;  // unit key (forward order) -> full, gather, local gather, experts
     int64_t packed_full = 0, packed_shard = 0;  // tp_grads' chunk being filled
@@ -447,14 +452,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       for (int64_t k : unit_keys(sg, args.n_layers)) idx.push_back(st.unit_of.at(k));
       st.stage_units.push_back(std::move(idx));
     }
-    std::vector<int64_t> flights = {st.in_flight, st.in_flight_after_backward};
-    for (const auto* states : {&st.in_flight_states, &st.in_flight_states_after_backward})
-      if (*states)
-        for (const SimulationResult::InFlightState& f : **states) {
-          flights.push_back(-1 - f.running);
-          flights.insert(flights.end(), f.held.begin(), f.held.end());
-        }
-    st.signature = key_of(key_of("", flights), {st.flat, st.shard, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
+    st.signature = key_of("", {st.in_flight, st.in_flight_after_backward, st.states_id, st.states_after_id, st.flat,
+                               st.shard, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
     for (const ActivationShape::Stage& sg : *st.stages) {
       st.signature = key_of(st.signature, {int64_t(sg.blocks.size()), int64_t(sg.embedding), int64_t(sg.head)});
       if (args.num_experts > 0)
@@ -539,6 +538,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     as.stages = st.stages;
     as.in_flight = st.in_flight;
     as.states = st.in_flight_states;
+    as.states_id = st.states_id;
     as.pp_microbatches = d.pp > 1 && plan ? plan->microbatches : 0;
     const std::shared_ptr<const ActivationPrediction> shared = predict_activations(as);
     const ActivationPrediction& act = *shared;
@@ -560,6 +560,9 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
       const int64_t local = cfg.parallelism.enable_sequence_parallel && d.tp > 1 ? tokens / d.tp : tokens;
       m.communication += local * args.top_k * args.dim * beta;  // the rows in flight
     }
+    // Without ZeRO the communication category is tp_grads' buffer (after the backwards) plus
+    // the cp and ep buffers (during them).
+    const int64_t during_backward = zero > 0 ? 0 : m.communication - 4 * partial;
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
@@ -569,15 +572,18 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     const GradPhase first = once ? GradPhase::kFirstBackward : GradPhase::kOwn;
     int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, first)
                          : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, first)
-                                    : act.peak + m.communication;
+                                    : act.peak + during_backward;
     if (once) {
       ActivationShape later = as;
       later.in_flight = std::max<int64_t>(st.in_flight_after_backward, 1);
       later.states = st.in_flight_states_after_backward;
+      later.states_id = st.states_after_id;
       const std::shared_ptr<const ActivationPrediction> steady = predict_activations(later);
       coincident = std::max(coincident, zero == 3 ? phase_total(st, *steady, cfg, beta, GradPhase::kAll)
                                                   : phase_total_zero12(st, *steady, cfg, zero, cpu, GradPhase::kAll));
     }
+    // tp_grads' packed all-reduce runs once the step's backwards are done.
+    if (partial > 0) coincident = std::max(coincident, act.after_step + 4 * partial);
     // The cpu backend's start-up rate measurement comes before the model exists.
     m.total = std::max(m.state() + std::min(coincident, act.peak + m.communication), m.temporaries);
     // Per category the largest rank (what the run's summary reports), and the largest total.

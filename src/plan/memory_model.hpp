@@ -86,6 +86,7 @@ struct RankState {
   /// The simulator's in-flight states of this rank (SimulationResult::in_flight_states and
   /// ..._after_backward; null without pp).
   std::shared_ptr<const std::vector<SimulationResult::InFlightState>> in_flight_states, in_flight_states_after_backward;
+  int64_t states_id = 0, states_after_id = 0;  ///< their ActivationShape::states_id (0 without pp)
   /// Equal for ranks whose predictions are equal (state sizes, stage shapes, MoE pattern).
   std::string signature;
 };

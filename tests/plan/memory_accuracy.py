@@ -2,8 +2,8 @@
 """meshtrain plan's memory prediction against the allocator's measured peaks, layout by layout.
 
 For each layout (DDP, FSDP, ZeRO-1/2, HSDP, TP and TP without sequence parallelism, TP x FSDP,
-pipeline schedules, pipeline x FSDP and x ZeRO-2, CP with both rotate methods, MoE with and
-without expert parallelism, activation checkpointing) on a model: train 2 steps on CPU ranks,
+pipeline schedules (zero-bubble ones included), pipeline x FSDP and x ZeRO-2, CP with both
+rotate methods, MoE with and without expert parallelism, activation checkpointing) on a model: train 2 steps on CPU ranks,
 read the summary's memory_peak_bytes_by_category (largest rank per category) and the largest
 step record's memory_peak_bytes, and ask `meshtrain plan --fixed all --json` for the same deck and overrides.
   parameters, gradients, optimizer: equal to the byte;
@@ -29,6 +29,16 @@ MODELS = {
     "wide": ["--model.dim=256", "--model.n_heads=8", "--model.n_kv_heads=4", "--model.vocab_size=2048",
              "--training.seq_len=128"],
 }
+
+
+def pp2(tag, dp_shard, schedule, extra=()):
+    """A pp 2 layout of 4 blocks (local batch 4: 4 micro-batches) over dp_shard replicas."""
+    return (tag, 2 * dp_shard, ["--training.local_batch_size=4", f"--training.global_batch_size={4 * dp_shard}",
+                                "--model.n_layers=4", P + "pipeline_parallel_degree=2",
+                                P + f"data_parallel_shard_degree={dp_shard}",
+                                P + f"pipeline_parallel_schedule={schedule}"] + list(extra))
+
+
 # name, ranks, overrides (local batch, global batch, then the layout)
 LAYOUTS = [
     ("single", 1, ["--training.local_batch_size=2", "--training.global_batch_size=2"]),
@@ -47,24 +57,23 @@ LAYOUTS = [
                      P + "tensor_parallel_degree=2", P + "data_parallel_shard_degree=1",
                      P + "enable_sequence_parallel=false"]),
     ("tp2_fsdp2", 4, ["--training.local_batch_size=1", "--training.global_batch_size=2", P + "tensor_parallel_degree=2"]),
-    ("pp2_1f1b", 2, ["--training.local_batch_size=4", "--training.global_batch_size=4", "--model.n_layers=4",
-                     P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=1"]),
-    ("pp2_gpipe", 2, ["--training.local_batch_size=4", "--training.global_batch_size=4", "--model.n_layers=4",
-                      P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=1",
-                      P + "pipeline_parallel_schedule=GPipe"]),
-    ("pp2_interleaved", 2, ["--training.local_batch_size=4", "--training.global_batch_size=4", "--model.n_layers=4",
-                            P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=1",
-                            P + "pipeline_parallel_schedule=Interleaved1F1B"]),
+    pp2("pp2_1f1b", 1, "1F1B"),
+    pp2("pp2_gpipe", 1, "GPipe"),
+    pp2("pp2_interleaved", 1, "Interleaved1F1B"),
     # Pipelined ZeRO-3 and ZeRO-2 keep every unit's unsharded gradients for the whole step.
-    ("pp2_fsdp2", 4, ["--training.local_batch_size=4", "--training.global_batch_size=8", "--model.n_layers=4",
-                      P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=2"]),
-    ("pp2_zero2_2", 4, ["--training.local_batch_size=4", "--training.global_batch_size=8", "--model.n_layers=4",
-                        P + "pipeline_parallel_degree=2", P + "data_parallel_shard_degree=2", P + "zero_stage=2"]),
+    pp2("pp2_fsdp2", 2, "1F1B"),
+    pp2("pp2_zero2_2", 2, "1F1B", [P + "zero_stage=2"]),
+    # Zero-bubble: the split backward's weight-gradient operands live from I to W.
+    pp2("pp2_zbv", 1, "ZBVZeroBubble"),
+    pp2("pp2_izb", 1, "InterleavedZeroBubble", ["--model.n_layers=8"]),
+    pp2("pp2_fsdp2_zbv", 2, "ZBVZeroBubble"),
     ("cp2_allgather", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2",
                           P + "context_parallel_degree=2", P + "data_parallel_shard_degree=1"]),
     ("cp2_ring", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2", P + "context_parallel_degree=2",
                      P + "data_parallel_shard_degree=1", P + "context_parallel_rotate_method=alltoall"]),
     ("moe", 1, ["--training.local_batch_size=2", "--training.global_batch_size=2"] + MOE),
+    ("moe_tp2", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2", P + "tensor_parallel_degree=2",
+                    P + "data_parallel_shard_degree=1"] + MOE),
     ("moe_ep2", 2, ["--training.local_batch_size=1", "--training.global_batch_size=2", P + "expert_parallel_degree=2"]
      + MOE),
 ]

@@ -27,7 +27,7 @@ double SimulationResult::bubble_fraction() const {
   return worst;
 }
 
-SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs) {
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs, bool in_flight_states) {
   const int P = static_cast<int>(s.ranks.size());
   std::vector<size_t> pos(P, 0);
   std::vector<int64_t> now(P, 0);
@@ -40,24 +40,30 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   out.in_flight_states_after_backward.resize(P);
   std::vector<bool> backed(P, false);  // the rank's first backward has run
   std::vector<std::vector<int>> local(P);       // [rank][global stage] → index in stages_of(rank), −1
-  std::vector<std::vector<int>> per_stage(P);   // [rank][local stage] micro-batches in flight
+  // [rank][local stage] micro-batches whose forward ran and whose backward (B or I) has not:
+  // they keep their saved activations; and those between I and W: they keep the weight
+  // gradient's operands.
+  std::vector<std::vector<int>> awaiting(P), pending(P);
   for (int r = 0; r < P; ++r) {
     const std::vector<int> mine = s.stages_of(r);
-    per_stage[r].assign(mine.size(), 0);
+    awaiting[r].assign(mine.size(), 0);
+    pending[r].assign(mine.size(), 0);
     for (size_t i = 0; i < mine.size(); ++i) {
       if (int(local[r].size()) <= mine[i]) local[r].resize(size_t(mine[i]) + 1, -1);
       local[r][size_t(mine[i])] = int(i);
     }
   }
-  // Records rank r's state with a micro-batch of local stage `run` running, keeping only the
-  // states no other one of the same running stage dominates.
-  auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run) {
-    SimulationResult::InFlightState st{per_stage[r], run};
-    --st.held[size_t(run)];
+  // Records rank r's state with a micro-batch of local stage `run` running its forward or
+  // backward (not counted in `held`), or its W (its operands stay counted in `pending` until it
+  // ends), keeping only the states no other one of the same kind dominates.
+  using Phase = SimulationResult::InFlightState::Phase;
+  auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run, Phase phase) {
+    SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase};
+    if (phase != Phase::kWeight) --st.held[size_t(run)];
     auto covers = [](const SimulationResult::InFlightState& x, const SimulationResult::InFlightState& y) {
-      if (x.running != y.running) return false;
+      if (x.running != y.running || x.phase != y.phase) return false;
       for (size_t i = 0; i < x.held.size(); ++i)
-        if (x.held[i] < y.held[i]) return false;
+        if (x.held[i] < y.held[i] || x.pending[i] < y.pending[i]) return false;
       return true;
     };
     for (const auto& e : into)
@@ -100,18 +106,24 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
           const int ls = a.stage >= 0 && a.stage < int(local[r].size()) ? local[r][size_t(a.stage)] : -1;
           if (a.type == ActionType::kForward) {
             out.peak_in_flight[r] = std::max(out.peak_in_flight[r], ++in_flight[r]);
-            if (ls >= 0) ++per_stage[r][size_t(ls)];
+            if (ls >= 0) ++awaiting[r][size_t(ls)];
           }
           // A forward counts its micro-batch from its start, a backward until its end.
-          if (ls >= 0 && per_stage[r][size_t(ls)] > 0) {
-            record(out.in_flight_states[r], r, ls);
-            if (backed[r]) record(out.in_flight_states_after_backward[r], r, ls);
+          const Phase phase = a.type == ActionType::kForward          ? Phase::kForward
+                              : a.type == ActionType::kBackwardWeight ? Phase::kWeight
+                                                                      : Phase::kBackward;
+          if (in_flight_states && ls >= 0 &&
+              (phase == Phase::kWeight ? pending[r][size_t(ls)] > 0 : awaiting[r][size_t(ls)] > 0)) {
+            record(out.in_flight_states[r], r, ls, phase);
+            if (backed[r]) record(out.in_flight_states_after_backward[r], r, ls, phase);
           }
           if (a.type != ActionType::kForward && backed[r])  // a backward still holds its micro-batch
             out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);
-          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) {
-            --in_flight[r];
-            if (ls >= 0) --per_stage[r][size_t(ls)];
+          if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) --in_flight[r];
+          if (ls >= 0) {
+            if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) --awaiting[r][size_t(ls)];
+            if (a.type == ActionType::kBackwardInput) ++pending[r][size_t(ls)];
+            if (a.type == ActionType::kBackwardWeight) --pending[r][size_t(ls)];
           }
           if (a.type == ActionType::kForward && backed[r])
             out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);

@@ -48,18 +48,23 @@ struct SimulationResult {
   /// what a rank holds while the unsharded gradients that pipelined FSDP keeps for the whole
   /// step exist (0 when the rank has no backward).
   std::vector<int> peak_in_flight_after_backward;
-  /// One moment of a rank: stage micro-batches held per stage of the rank (indexed like
-  /// PipelineSchedule::stages_of(rank)) besides the one that runs, of stage `running`.
+  /// One moment of a rank, per stage of the rank (indexed like PipelineSchedule::stages_of(rank)):
+  /// `held` micro-batches whose forward ran and whose backward (B, or I of a split one) has not,
+  /// besides the one running; `pending` those between I and W (the weight gradient's operands);
+  /// `running` the stage whose action runs: a forward, a backward (B, or I of a split one) or a
+  /// W (that micro-batch still counted in `pending`).
   struct InFlightState {
-    std::vector<int> held;
+    enum class Phase { kForward, kBackward, kWeight };
+    std::vector<int> held, pending;
     int running = 0;
+    Phase phase = Phase::kForward;
     bool operator==(const InFlightState&) const = default;
   };
   /// [pp] the states a rank passes through at its compute actions (a forward after it counts
   /// its micro-batch, a backward before it releases one), only those no other state of the
-  /// same running stage dominates (held no larger for every stage): the activation memory of
-  /// stages of different sizes peaks at one of them. `_after_backward`: from the end of the
-  /// rank's first backward on.
+  /// same running stage dominates (held and pending no larger for every stage): the activation
+  /// memory of stages of different sizes peaks at one of them. `_after_backward`: from the end
+  /// of the rank's first backward on. Listed only when simulate_schedule() is asked to.
   std::vector<std::vector<InFlightState>> in_flight_states, in_flight_states_after_backward;
   /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
   /// communication actions.
@@ -75,7 +80,9 @@ struct SimulationResult {
 /// needs each RECV's SEND to exist somewhere to make progress.
 /// @throws ScheduleError on deadlock — no rank can run its next action while some list is
 ///         unfinished — naming every blocked rank and the action it waits at.
-SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs = {});
+/// `in_flight_states`: also list SimulationResult::in_flight_states (the planner's memory model
+/// needs them; they cost a dominance check per compute action), else those lists stay empty.
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs = {}, bool in_flight_states = false);
 
 /// A schedule's bubble fraction from the papers, for the unit costs above.
 struct BubbleFormula {
