@@ -60,16 +60,31 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // multi-tensor AdamW streams 28 bytes per local element at the full bandwidth.
   const double traffic = 6.0 * double(act.per_microbatch_rank) * double(micro);
   const double optimizer_bytes = 28.0 * double(local_params);
+  // The pipeline bubble, as a fraction of compute: the schedule's textbook figure (a CSV
+  // schedule: simulated).
+  const bool pipelined = d.pp > 1;
+  double bubble_fraction = 0;
+  if (pipelined && plan) {
+    try {
+      bubble_fraction = textbook_bubble(plan->schedule).value;
+    } catch (const std::exception&) {
+      bubble_fraction = simulate_schedule(plan->schedule).bubble_fraction();
+    }
+  }
   // CPU ranks of one node share its memory bandwidth (the cpu entry's is the node's: each busy
-  // core gets its share), and ranks beyond its core count time-slice the cores.
+  // core gets its share), and ranks beyond its core count time-slice the cores. A pipeline rank
+  // waiting in its bubble blocks in MPI and leaves its core (Open MPI yields when
+  // oversubscribed): busy ranks are per_node / (1 + bubble).
   const int64_t per_node = cpu_backend ? std::min<int64_t>(world, std::max<int64_t>(cfg.topology.ranks_per_node, 1))
                                        : hw.devices_per_node;
+  const double busy_ranks = double(per_node) / (1.0 + bubble_fraction);
+  const double cores = double(hw.devices_per_node);
   const double bandwidth =
-      cpu_backend ? hw.memory_bandwidth / double(std::min(per_node, hw.devices_per_node)) : hw.memory_bandwidth;
+      cpu_backend ? hw.memory_bandwidth / std::max(1.0, std::min(busy_ranks, cores)) : hw.memory_bandwidth;
   StepTimePrediction p;
   p.compute_s = mm / (peak * hw.matmul_efficiency) + attn / (peak * hw.attention_efficiency) +
                 traffic / (bandwidth * hw.memory_efficiency) + optimizer_bytes / bandwidth;
-  if (cpu_backend && per_node > hw.devices_per_node) p.compute_s *= double(per_node) / double(hw.devices_per_node);
+  if (cpu_backend && busy_ranks > cores) p.compute_s *= busy_ranks / cores;
 
   // ---- communication ----
   // Group spans: the mesh is laid out tp innermost, then cp, dp_shard, dp_replicate, pp; ep is
@@ -101,7 +116,6 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
                                           [](const RankState& x, const RankState& y) { return x.shard < y.shard; });
   const double units = double(st.units.size());
   const int zero = fsdp > 1 ? int(cfg.parallelism.zero_stage) : 0;
-  const bool pipelined = d.pp > 1;
   const double dense_shard = double(st.shard - st.shard_experts), expert_shard = double(st.shard_experts);
   auto fsdp_bytes = [&](double shard, int64_t g) {
     if (g <= 1) return 0.0;
@@ -136,7 +150,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // Exposure (see the header).
   const double overlap = hw.comm_overlap * p.compute_s;
   double attention_s = attn / (peak * hw.attention_efficiency);
-  if (cpu_backend && per_node > hw.devices_per_node) attention_s *= double(per_node) / double(hw.devices_per_node);
+  if (cpu_backend && busy_ranks > cores) attention_s *= busy_ranks / cores;
   double hidden_budget = overlap;  // compute that async collectives may hide behind, shared
   for (CommTime& c : p.comm) {
     const std::string_view dim = c.dim;
@@ -153,13 +167,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     }
     p.exposed_comm_s += c.exposed_s;
   }
-  if (pipelined && plan) {
-    try {
-      p.bubble_s = textbook_bubble(plan->schedule).value * p.compute_s;
-    } catch (const std::exception&) {  // a CSV schedule: simulate it
-      p.bubble_s = simulate_schedule(plan->schedule).bubble_fraction() * p.compute_s;
-    }
-  }
+  p.bubble_s = bubble_fraction * p.compute_s;
   p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
   p.tokens_per_s_per_device = global_tokens / p.step_s / double(world);
   p.mfu = a.flops_per_token(cfg.training.seq_len) * global_tokens / (p.step_s * double(world) * peak);

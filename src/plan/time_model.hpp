@@ -16,8 +16,10 @@
 ///   optimizer       AdamW's 28 bytes per local parameter element, streamed
 ///   T_compute = matmul / (peak · matmul_efficiency) + attention / (peak · attention_efficiency)
 ///               + traffic / (bandwidth · memory_efficiency) + optimizer / bandwidth; on the cpu
-///               entry the bandwidth is the node's split over its busy cores, and ranks beyond
-///               the core count multiply the time by ranks / cores (they time-slice the cores).
+///               entry the bandwidth is the node's split over its busy ranks, and busy ranks
+///               beyond the core count multiply the time by busy ranks / cores (they time-slice
+///               the cores); a pipeline rank in its bubble yields its core, so busy ranks =
+///               ranks per node / (1 + bubble fraction).
 /// Communication: the bytes each rank sends per step and dimension (the ring volumes of
 /// perf/comm_volume and layout/comm_volume.hpp; FSDP from the exact shard sizes), over the
 /// bandwidth of the tier its group spans (inside a node: NVLink; across: the network), plus
