@@ -283,6 +283,7 @@ std::shared_ptr<const ActivationPrediction> predict_activations(const Activation
       key.push_back(-1000 - st.running - 1000000 * int64_t(st.phase));
       key.insert(key.end(), st.held.begin(), st.held.end());
       key.insert(key.end(), st.pending.begin(), st.pending.end());
+      key.insert(key.end(), st.backed.begin(), st.backed.end());
     }
   for (const ActivationShape::Stage& st : *a.stages) {
     key.push_back(int64_t(st.embedding) + 2 * int64_t(st.head));
@@ -482,17 +483,11 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     base[i] = replay(stages[i], 0, split);
     if (split) pending[i] = base[i].end - replay(stages[i], 0, false).end;
   }
-  // Per stage, the highest bytes alive at each unit's phase over the states running that
-  // stage: a forward state's forward phases, a backward state's backward phases, and for a W
-  // every phase at what is held (it allocates nothing of its own).
+  // Per (stage, stages that have run a backward), the highest bytes alive at each unit's phase
+  // over the states of that kind: a forward state's forward phases, a backward state's backward
+  // phases, and for a W every phase at what is held (it allocates nothing of its own).
   using Phase = SimulationResult::InFlightState::Phase;
-  std::vector<Replay> merged(stages.size());
-  std::vector<bool> any(stages.size(), false);
-  for (size_t i = 0; i < stages.size(); ++i) {
-    merged[i] = base[i];
-    merged[i].peak = 0;
-    for (std::vector<int64_t>* v : {&merged[i].fwd, &merged[i].bwd, &merged[i].after}) std::fill(v->begin(), v->end(), 0);
-  }
+  std::map<std::pair<size_t, std::vector<char>>, Replay> merged;
   auto raise = [](std::vector<int64_t>& into, const std::vector<int64_t>& from, int64_t add) {
     for (size_t u = 0; u < into.size() && u < from.size(); ++u) into[u] = std::max(into[u], from[u] + add);
   };
@@ -511,8 +506,10 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     held += contexts(flight);
     const size_t i = size_t(st.running);
     const Replay& r = base[i];
-    Replay& m = merged[i];
-    any[i] = true;
+    auto [it, fresh] = merged.try_emplace({i, st.backed}, r);
+    Replay& m = it->second;
+    if (fresh)
+      for (std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after}) std::fill(v->begin(), v->end(), 0);
     if (st.phase == Phase::kForward) {
       raise(m.fwd, r.fwd, held);
     } else if (st.phase == Phase::kBackward) {
@@ -522,12 +519,12 @@ ActivationPrediction replay_all(const ActivationShape& a) {
       for (std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after}) raise_to(*v, out.persistent + held);
     }
   }
-  for (size_t i = 0; i < stages.size(); ++i) {
-    if (!any[i]) continue;
-    Replay& m = merged[i];
+  for (auto& [key, m] : merged) {
+    m.peak = 0;
     for (const std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after})
       for (int64_t x : *v) m.peak = std::max(m.peak, x);
-    keep_if_higher(std::move(m), i);
+    out.groups.push_back({key.first, key.second, m.fwd, m.bwd, m.after});
+    keep_if_higher(std::move(m), key.first);
   }
   return out;
 }

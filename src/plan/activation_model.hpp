@@ -92,6 +92,17 @@ struct ActivationPrediction {
   std::vector<int64_t> forward_by_unit, backward_by_unit;
   std::vector<int64_t> after_backward_by_unit;  ///< bytes alive when each unit's backward has returned
   size_t stage = 0;  ///< the index in ActivationShape::stages of the stage that peaks
+  /// Pipeline schedules (ActivationShape::states given): the same phase arrays per running stage
+  /// and set of the rank's stages that have run a backward (InFlightState::backed), each the
+  /// highest over the states of that kind — so a caller can add what those backwards left
+  /// alive (pipelined FSDP's unsharded gradients). The fields above are those of the group
+  /// that peaks.
+  struct Group {
+    size_t stage = 0;
+    std::vector<char> backed;
+    std::vector<int64_t> forward_by_unit, backward_by_unit, after_backward_by_unit;
+  };
+  std::vector<Group> groups;
 };
 
 /// Replays one training micro-batch (and in_flight − 1 more held) on one rank. Memoized per

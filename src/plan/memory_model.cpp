@@ -115,10 +115,10 @@ std::vector<Part> parts_of(const ModelArgs& args, const PipelinePlan* plan) {
 
 // What the simulator says each pp rank holds, cached per schedule.
 struct Flight {
-  std::vector<int> peak, peak_after;  // [pp] peak in-flight stage micro-batches; from the first backward on
+  std::vector<int> peak;  // [pp] peak in-flight stage micro-batches
   using States = std::shared_ptr<const std::vector<SimulationResult::InFlightState>>;
-  std::vector<States> states, states_after;  // [pp] SimulationResult::in_flight_states(_after_backward)
-  std::vector<int64_t> ids, ids_after;       // [pp] ActivationShape::states_id of each (unique per process)
+  std::vector<States> states;  // [pp] SimulationResult::in_flight_states
+  std::vector<int64_t> ids;    // [pp] ActivationShape::states_id of each (unique per content and process)
 };
 const Flight& in_flight(const PipelinePlan& plan) {
   static std::mutex mu;
@@ -133,7 +133,6 @@ const Flight& in_flight(const PipelinePlan& plan) {
   const SimulationResult sim = simulate_schedule(s, {}, /*in_flight_states=*/true);
   auto f = std::make_shared<Flight>();
   f->peak = sim.peak_in_flight;
-  f->peak_after = sim.peak_in_flight_after_backward;
   std::lock_guard<std::mutex> lock(mu);
   // Ids name contents: ranks with equal lists share one (so they share predictions), and the
   // cache never erases, so an id never names two contents.
@@ -149,10 +148,7 @@ const Flight& in_flight(const PipelinePlan& plan) {
     states.push_back(std::make_shared<const std::vector<SimulationResult::InFlightState>>(lists[r]));
     ids.push_back(++next_id);
   };
-  for (size_t r = 0; r < sim.in_flight_states.size(); ++r) {
-    add(sim.in_flight_states, r, f->states, f->ids);
-    add(sim.in_flight_states_after_backward, r, f->states_after, f->ids_after);
-  }
+  for (size_t r = 0; r < sim.in_flight_states.size(); ++r) add(sim.in_flight_states, r, f->states, f->ids);
   return *cache.emplace(key, std::move(f)).first->second;  // entries are never erased: references stay valid
 }
 
@@ -163,14 +159,12 @@ bool holds(const Part& part, const Held& h) {
 }
 
 // Which unsharded gradients are alive (parallel/fsdp/sharded_data_parallel.hpp). Without pp
-// each micro-batch reduces its own: during a unit's backward only the unit's (kOwn). Pipelined
+// each micro-batch reduces its own: during a unit's backward only the unit's. Pipelined
 // ZeRO-2/3 reduce once per step (reduce_once_per_step): a unit's gradients are allocated at its
-// first backward of the step and stay until its last. So during the step's first backward, a
-// unit's backward sees its own and those of the units after it in forward order, which ran
-// before it (kFirstBackward); after that first backward every unit's are alive, in forward
-// phases too (kAll).
-enum class GradPhase { kOwn, kFirstBackward, kAll };
-
+// first backward of the step and stay until its last, so what is alive depends on which of the
+// rank's stages have run a backward (SimulationResult::InFlightState::backed): theirs, in every
+// phase, and during a stage's first backward its own units after the one computing (in forward
+// order: they ran before it) and that unit's.
 // ZeRO-3's per-unit buffers (parallel/fsdp/sharded_data_parallel.cpp), bytes. pb: bytes of a
 // gathered parameter (bf16 gathers under mixed precision), rb: of a reduced gradient; `kept`:
 // the parameters of every unit when they stay gathered (fsdp_reshard_after_forward = "never",
@@ -258,67 +252,84 @@ std::vector<int64_t> unit_keys(const ActivationShape::Stage& stage, int64_t n_la
   return keys;
 }
 
-// The unsharded gradient bytes alive during the backward of the i-th of a stage's units
-// (`idx`, forward order), and during forward phases, under GradPhase `g`.
+// The unsharded gradient bytes alive during the backward of the i-th of a stage's units (in
+// forward order), and during forward phases.
 struct GradBytes {
-  std::vector<int64_t> backward;  // per unit in forward order
+  std::vector<int64_t> backward;  // per unit of the stage
   int64_t forward = 0;
-  GradBytes(const RankState& st, const std::vector<size_t>& idx, GradPhase g) {
-    backward.assign(idx.size(), 0);
-    const int64_t all = all_unit_grads(st);
-    int64_t after = 0;  // the units after i in forward order
+  // Reducing every micro-batch: a unit's own during its backward.
+  GradBytes(const RankState& st, size_t stage) {
+    for (size_t u : st.stage_units.at(stage)) backward.push_back(4 * st.units[u].full);
+  }
+  // Reducing once per step, with `backed` the rank's stages that have run a backward.
+  GradBytes(const RankState& st, size_t stage, const std::vector<char>& backed) {
+    for (size_t k = 0; k < backed.size() && k < st.stage_units.size(); ++k)
+      if (backed[k])
+        for (size_t u : st.stage_units[k]) forward += 4 * st.units[u].full;
+    const std::vector<size_t>& idx = st.stage_units.at(stage);
+    backward.assign(idx.size(), forward);
+    if (stage < backed.size() && backed[stage]) return;
+    int64_t after = 0;  // the stage's units after i, whose backward ran first
     for (size_t i = idx.size(); i-- > 0;) {
-      const int64_t own = 4 * st.units[idx[i]].full;
-      backward[i] = g == GradPhase::kOwn ? own : g == GradPhase::kFirstBackward ? after + own : all;
-      after += own;
+      after += 4 * st.units[idx[i]].full;
+      backward[i] += after;
     }
-    forward = g == GradPhase::kAll ? all : 0;
   }
 };
 
-// ZeRO-3: max over the peak stage's units of activations + FSDP buffers during the same unit's
+// The bytes of activations at each unit's phase of one stage (ActivationPrediction, or one of
+// its groups).
+struct Phases {
+  size_t stage = 0;
+  const std::vector<int64_t>& fwd;
+  const std::vector<int64_t>& bwd;
+  const std::vector<int64_t>& after;
+};
+Phases phases_of(const ActivationPrediction& a) {
+  return {a.stage, a.forward_by_unit, a.backward_by_unit, a.after_backward_by_unit};
+}
+Phases phases_of(const ActivationPrediction::Group& g) {
+  return {g.stage, g.forward_by_unit, g.backward_by_unit, g.after_backward_by_unit};
+}
+
+// ZeRO-3: max over the stage's units of activations + FSDP buffers during the same unit's
 // forward (its parameters and the next unit's prefetch) or backward (Zero3Bytes::backward, while
-// it computes and once it has returned), with the unsharded gradients of GradPhase `g`.
-int64_t phase_total(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int64_t beta,
-                    GradPhase g) {
+// it computes and once it has returned). `once`: reducing once per step, reduce-scatters run only
+// in the last micro-batch, each input replacing gradients of its unit already counted.
+int64_t phase_total(const RankState& st, const Phases& act, const GradBytes& grads, bool once, const JobConfig& cfg,
+                    int64_t beta) {
   const Zero3Bytes z(st, cfg, beta);
   const std::vector<size_t>& idx = st.stage_units.at(act.stage);
-  const GradBytes grads(st, idx, g);
   auto unit = [&](size_t i) -> const RankState::Unit* { return i < idx.size() ? &st.units[idx[i]] : nullptr; };
   int64_t best = 0;
-  for (size_t i = 0; i < idx.size() && i < act.forward_by_unit.size(); ++i) {
+  for (size_t i = 0; i < idx.size() && i < act.fwd.size(); ++i) {
     int64_t comm = (z.keep ? z.kept : z.pb * unit(i)->full) + grads.forward;
-    if (i + 1 < idx.size()) comm += z.pb * unit(i + 1)->gather;  // the next unit, prefetched
-    best = std::max(best, act.forward_by_unit[i] + comm);
+    if (i + 1 < idx.size() && !z.keep) comm += z.pb * unit(i + 1)->gather;  // the next unit, prefetched
+    best = std::max(best, act.fwd[i] + comm);
   }
-  for (size_t i = 0; i < idx.size() && i < act.backward_by_unit.size(); ++i) {
+  for (size_t i = 0; i < idx.size() && i < act.bwd.size(); ++i) {
     const RankState::Unit* prev = i > 0 ? unit(i - 1) : nullptr;
-    // Reducing once per step, reduce-scatters run only in the last micro-batch, each input
-    // replacing gradients of its unit already counted.
-    const RankState::Unit* next = g == GradPhase::kOwn ? unit(i + 1) : nullptr;
-    best = std::max(best, act.backward_by_unit[i] + z.backward(*unit(i), prev, next, false, grads.backward[i]));
-    best = std::max(best, act.after_backward_by_unit[i] +
-                              z.backward(*unit(i), prev, next, g == GradPhase::kOwn, grads.backward[i]));
+    const RankState::Unit* next = once ? nullptr : unit(i + 1);
+    best = std::max(best, act.bwd[i] + z.backward(*unit(i), prev, next, false, grads.backward[i]));
+    best = std::max(best, act.after[i] + z.backward(*unit(i), prev, next, !once, grads.backward[i]));
   }
   return best;
 }
 
-// ZeRO-1/2: max over the peak stage's units of activations + the reduce-scatter inputs issued
-// so far (every unit after it in forward order; on NCCL about two in flight) + ZeRO-2's
-// unsharded gradients of the unit.
-int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act, const JobConfig& cfg, int zero,
-                           bool cpu, GradPhase g) {
+// ZeRO-1/2: max over the stage's units of activations + the reduce-scatter inputs issued so far
+// (every unit after it in forward order; on NCCL about two in flight) + ZeRO-2's unsharded
+// gradients (`grads`).
+int64_t phase_total_zero12(const RankState& st, const Phases& act, const GradBytes& grads, bool once,
+                           const JobConfig& cfg, int zero, bool cpu) {
   const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   const std::vector<size_t>& idx = st.stage_units.at(act.stage);
-  const GradBytes zero2_grads(st, idx, g);
   auto unit = [&](size_t i) -> const RankState::Unit& { return st.units[idx[i]]; };
   int64_t best = 0, issued = 0;
   if (zero == 2)  // forward phases, with the gradients a pipelined step keeps
-    for (size_t i = 0; i < idx.size() && i < act.forward_by_unit.size(); ++i)
-      best = std::max(best, act.forward_by_unit[i] + zero2_grads.forward);
+    for (size_t i = 0; i < idx.size() && i < act.fwd.size(); ++i) best = std::max(best, act.fwd[i] + grads.forward);
   std::vector<int64_t> recent;  // reduce-scatter inputs in issue order
   for (size_t i = idx.size(); i-- > 0;) {
-    if (i >= act.backward_by_unit.size()) continue;
+    if (i >= act.bwd.size()) continue;
     // Over MPI on the cpu backend they progress only inside other MPI calls: ZeRO-2's are all
     // alive at the end of backward, ZeRO-1's (issued together in the last backward) all but the
     // first (measured); NCCL retires them as it goes: the last two.
@@ -327,13 +338,13 @@ int64_t phase_total_zero12(const RankState& st, const ActivationPrediction& act,
       in_flight = 0;
       for (size_t k = recent.size() >= 2 ? recent.size() - 2 : 0; k < recent.size(); ++k) in_flight += recent[k];
     }
-    const int64_t grads = zero == 2 ? zero2_grads.backward[i] : 0;
-    if (g != GradPhase::kOwn) {  // reducing once: no reduce-scatter before the last micro-batch
-      best = std::max(best, std::max(act.backward_by_unit[i], act.after_backward_by_unit[i]) + grads);
+    const int64_t g = zero == 2 ? grads.backward[i] : 0;
+    if (once) {  // reducing once: no reduce-scatter before the last micro-batch
+      best = std::max(best, std::max(act.bwd[i], act.after[i]) + g);
       continue;
     }
-    best = std::max(best, act.backward_by_unit[i] + rb * in_flight + grads);
-    best = std::max(best, act.after_backward_by_unit[i] + rb * (in_flight + unit(i).gather) + grads);
+    best = std::max(best, act.bwd[i] + rb * in_flight + g);
+    best = std::max(best, act.after[i] + rb * (in_flight + unit(i).gather) + g);
     issued += unit(i).gather;
     recent.push_back(unit(i).gather);
   }
@@ -390,11 +401,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     st.stages = std::make_shared<const std::vector<ActivationShape::Stage>>(part.stages);
     if (flight) {
       st.in_flight = flight->peak.at(r);
-      st.in_flight_after_backward = flight->peak_after.at(r);
       st.in_flight_states = flight->states.at(r);
-      st.in_flight_states_after_backward = flight->states_after.at(r);
       st.states_id = flight->ids.at(r);
-      st.states_after_id = flight->ids_after.at(r);
     }
     std::map<int64_t, std::array<int64_t, 4>> unit;  // unit key (forward order) -> full, gather, local gather, experts
     int64_t packed_full = 0, packed_shard = 0;  // tp_grads' chunk being filled
@@ -452,7 +460,7 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       for (int64_t k : unit_keys(sg, args.n_layers)) idx.push_back(st.unit_of.at(k));
       st.stage_units.push_back(std::move(idx));
     }
-    st.signature = key_of("", {st.in_flight, st.in_flight_after_backward, st.states_id, st.states_after_id, st.flat,
+    st.signature = key_of("", {st.in_flight, st.states_id, st.flat,
                                st.shard, st.moe_layers, int64_t(st.embedding), int64_t(st.head)});
     for (const ActivationShape::Stage& sg : *st.stages) {
       st.signature = key_of(st.signature, {int64_t(sg.blocks.size()), int64_t(sg.embedding), int64_t(sg.head)});
@@ -566,21 +574,21 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
-    // Pipelined ZeRO-2/3 (reduce_once_per_step): the schedule's peak in-flight micro-batches
-    // in the step's first backward, and the peak from then on with every unit's gradients.
-    const bool once = d.pp > 1 && zero >= 2;
-    const GradPhase first = once ? GradPhase::kFirstBackward : GradPhase::kOwn;
-    int64_t coincident = zero == 3   ? phase_total(st, act, cfg, beta, first)
-                         : zero > 0 ? phase_total_zero12(st, act, cfg, zero, cpu, first)
-                                    : act.peak + during_backward;
+    // Pipelined ZeRO-2/3 (reduce_once_per_step): each group of in-flight states with the
+    // gradients of the stages that have run a backward.
+    const bool once = d.pp > 1 && zero >= 2 && !act.groups.empty();
+    int64_t coincident = act.peak + during_backward;
     if (once) {
-      ActivationShape later = as;
-      later.in_flight = std::max<int64_t>(st.in_flight_after_backward, 1);
-      later.states = st.in_flight_states_after_backward;
-      later.states_id = st.states_after_id;
-      const std::shared_ptr<const ActivationPrediction> steady = predict_activations(later);
-      coincident = std::max(coincident, zero == 3 ? phase_total(st, *steady, cfg, beta, GradPhase::kAll)
-                                                  : phase_total_zero12(st, *steady, cfg, zero, cpu, GradPhase::kAll));
+      coincident = 0;
+      for (const ActivationPrediction::Group& g : act.groups) {
+        const GradBytes grads(st, g.stage, g.backed);
+        coincident = std::max(coincident, zero == 3 ? phase_total(st, phases_of(g), grads, true, cfg, beta)
+                                                    : phase_total_zero12(st, phases_of(g), grads, true, cfg, zero, cpu));
+      }
+    } else if (zero > 0) {
+      const GradBytes grads(st, act.stage);
+      coincident = zero == 3 ? phase_total(st, phases_of(act), grads, false, cfg, beta)
+                             : phase_total_zero12(st, phases_of(act), grads, false, cfg, zero, cpu);
     }
     // tp_grads' packed all-reduce runs once the step's backwards are done.
     if (partial > 0) coincident = std::max(coincident, act.after_step + 4 * partial);

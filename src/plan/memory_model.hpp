@@ -80,13 +80,10 @@ struct RankState {
   /// its (empty) shard buffers for them, one byte each (tensor/tensor.cpp never allocates 0).
   int64_t units_without_experts = 0;
   int64_t in_flight = 1;           ///< the schedule's peak in-flight stage micro-batches
-  /// The same peak from the rank's first backward on (pipelined ZeRO-2/3 keep every unit's
-  /// unsharded gradients from then until the step's last backward); 1 without pp.
-  int64_t in_flight_after_backward = 1;
-  /// The simulator's in-flight states of this rank (SimulationResult::in_flight_states and
-  /// ..._after_backward; null without pp).
-  std::shared_ptr<const std::vector<SimulationResult::InFlightState>> in_flight_states, in_flight_states_after_backward;
-  int64_t states_id = 0, states_after_id = 0;  ///< their ActivationShape::states_id (0 without pp)
+  /// The simulator's in-flight states of this rank (SimulationResult::in_flight_states; null
+  /// without pp) and their ActivationShape::states_id (0 without pp).
+  std::shared_ptr<const std::vector<SimulationResult::InFlightState>> in_flight_states;
+  int64_t states_id = 0;
   /// Equal for ranks whose predictions are equal (state sizes, stage shapes, MoE pattern).
   std::string signature;
 };

@@ -35,19 +35,18 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   SimulationResult out;
   out.busy.assign(P, 0);
   out.peak_in_flight.assign(P, 0);
-  out.peak_in_flight_after_backward.assign(P, 0);
   out.in_flight_states.resize(P);
-  out.in_flight_states_after_backward.resize(P);
-  std::vector<bool> backed(P, false);  // the rank's first backward has run
   std::vector<std::vector<int>> local(P);       // [rank][global stage] → index in stages_of(rank), −1
   // [rank][local stage] micro-batches whose forward ran and whose backward (B or I) has not:
   // they keep their saved activations; and those between I and W: they keep the weight
   // gradient's operands.
   std::vector<std::vector<int>> awaiting(P), pending(P);
+  std::vector<std::vector<char>> backed(P);  // [rank][local stage] its first backward has ended
   for (int r = 0; r < P; ++r) {
     const std::vector<int> mine = s.stages_of(r);
     awaiting[r].assign(mine.size(), 0);
     pending[r].assign(mine.size(), 0);
+    backed[r].assign(mine.size(), 0);
     for (size_t i = 0; i < mine.size(); ++i) {
       if (int(local[r].size()) <= mine[i]) local[r].resize(size_t(mine[i]) + 1, -1);
       local[r][size_t(mine[i])] = int(i);
@@ -58,10 +57,10 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   // ends), keeping only the states no other one of the same kind dominates.
   using Phase = SimulationResult::InFlightState::Phase;
   auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run, Phase phase) {
-    SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase};
+    SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase, backed[r]};
     if (phase != Phase::kWeight) --st.held[size_t(run)];
     auto covers = [](const SimulationResult::InFlightState& x, const SimulationResult::InFlightState& y) {
-      if (x.running != y.running || x.phase != y.phase) return false;
+      if (x.running != y.running || x.phase != y.phase || x.backed != y.backed) return false;
       for (size_t i = 0; i < x.held.size(); ++i)
         if (x.held[i] < y.held[i] || x.pending[i] < y.pending[i]) return false;
       return true;
@@ -115,19 +114,16 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
           if (in_flight_states && ls >= 0 &&
               (phase == Phase::kWeight ? pending[r][size_t(ls)] > 0 : awaiting[r][size_t(ls)] > 0)) {
             record(out.in_flight_states[r], r, ls, phase);
-            if (backed[r]) record(out.in_flight_states_after_backward[r], r, ls, phase);
           }
-          if (a.type != ActionType::kForward && backed[r])  // a backward still holds its micro-batch
-            out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);
           if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) --in_flight[r];
           if (ls >= 0) {
-            if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) --awaiting[r][size_t(ls)];
+            if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) {
+              --awaiting[r][size_t(ls)];
+              backed[r][size_t(ls)] = 1;
+            }
             if (a.type == ActionType::kBackwardInput) ++pending[r][size_t(ls)];
             if (a.type == ActionType::kBackwardWeight) --pending[r][size_t(ls)];
           }
-          if (a.type == ActionType::kForward && backed[r])
-            out.peak_in_flight_after_backward[r] = std::max(out.peak_in_flight_after_backward[r], in_flight[r]);
-          if (a.type != ActionType::kForward) backed[r] = true;
         }
         progress = true;
       }

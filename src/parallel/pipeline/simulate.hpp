@@ -44,28 +44,27 @@ struct SimulationResult {
   /// gradient still reads the saved activations) has not run yet: the activation memory a rank
   /// holds, in stage micro-batches.
   std::vector<int> peak_in_flight;
-  /// [pp] the same peak counted from the end of the rank's first backward action (B, I or W) on:
-  /// what a rank holds while the unsharded gradients that pipelined FSDP keeps for the whole
-  /// step exist (0 when the rank has no backward).
-  std::vector<int> peak_in_flight_after_backward;
   /// One moment of a rank, per stage of the rank (indexed like PipelineSchedule::stages_of(rank)):
   /// `held` micro-batches whose forward ran and whose backward (B, or I of a split one) has not,
   /// besides the one running; `pending` those between I and W (the weight gradient's operands);
   /// `running` the stage whose action runs: a forward, a backward (B, or I of a split one) or a
-  /// W (that micro-batch still counted in `pending`).
+  /// W (that micro-batch still counted in `pending`); `backed` per stage whether its first
+  /// backward (B or I) of the round has ended (pipelined FSDP keeps a stage's unsharded
+  /// gradients from then until the step's last backward).
   struct InFlightState {
     enum class Phase { kForward, kBackward, kWeight };
     std::vector<int> held, pending;
     int running = 0;
     Phase phase = Phase::kForward;
+    std::vector<char> backed;
     bool operator==(const InFlightState&) const = default;
   };
   /// [pp] the states a rank passes through at its compute actions (a forward after it counts
   /// its micro-batch, a backward before it releases one), only those no other state of the
-  /// same running stage dominates (held and pending no larger for every stage): the activation
-  /// memory of stages of different sizes peaks at one of them. `_after_backward`: from the end
-  /// of the rank's first backward on. Listed only when simulate_schedule() is asked to.
-  std::vector<std::vector<InFlightState>> in_flight_states, in_flight_states_after_backward;
+  /// same running stage, phase and `backed` dominates (held and pending no larger for every
+  /// stage): the activation memory of stages of different sizes peaks at one of them. Listed
+  /// only when simulate_schedule() is asked to.
+  std::vector<std::vector<InFlightState>> in_flight_states;
   /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
   /// communication actions.
   std::vector<std::vector<int64_t>> start, finish;
