@@ -48,7 +48,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
-    print(f"{'layout':<16} {'ranks':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}   predicted split")
+    print(f"{'layout':<18} {'ranks':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}   predicted split")
     for tag, np_, layout in LAYOUTS:
         over = MODELS[a.model] + layout
         m = measure(a, tag, np_, over)
@@ -56,7 +56,7 @@ def main():
         err = (p["step_s"] - m) / m
         rows.append({"layout": tag, "ranks": np_, "measured_s": m, "predicted_s": p["step_s"], "error": err,
                      "compute_s": p["compute_s"], "exposed_comm_s": p["exposed_comm_s"], "bubble_s": p["bubble_s"]})
-        print(f"{tag:<16} {np_:>5} {m:>11.4f} {p['step_s']:>12.4f} {err:>+8.1%}   compute {p['compute_s']:.4f}, "
+        print(f"{tag:<18} {np_:>5} {m:>11.4f} {p['step_s']:>12.4f} {err:>+8.1%}   compute {p['compute_s']:.4f}, "
               f"comm {p['exposed_comm_s']:.4f}, bubble {p['bubble_s']:.4f}")
     mean = sum(abs(r["error"]) for r in rows) / len(rows)
     print(f"mean absolute error {mean:.1%} over {len(rows)} layouts")

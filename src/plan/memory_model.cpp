@@ -579,9 +579,12 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     const bool once = d.pp > 1 && zero >= 2 && !act.groups.empty();
     int64_t coincident = act.peak + during_backward;
     if (once) {
+      // The simulator runs one round of micro-batches; with gradient accumulation the later
+      // rounds run with every stage's gradients already alive.
+      const bool rounds = cfg.grad_accum_steps(d) > 1;
       coincident = 0;
       for (const ActivationPrediction::Group& g : act.groups) {
-        const GradBytes grads(st, g.stage, g.backed);
+        const GradBytes grads(st, g.stage, rounds ? std::vector<char>(g.backed.size(), 1) : g.backed);
         coincident = std::max(coincident, zero == 3 ? phase_total(st, phases_of(g), grads, true, cfg, beta)
                                                     : phase_total_zero12(st, phases_of(g), grads, true, cfg, zero, cpu));
       }

@@ -67,6 +67,8 @@ LAYOUTS = [
     pp2("pp2_zbv", 1, "ZBVZeroBubble"),
     pp2("pp2_izb", 1, "InterleavedZeroBubble", ["--model.n_layers=8"]),
     pp2("pp2_fsdp2_zbv", 2, "ZBVZeroBubble"),
+    # Two rounds of micro-batches: the second runs with every stage's gradients alive.
+    pp2("pp2_fsdp2_zbv_ga2", 2, "ZBVZeroBubble", ["--training.global_batch_size=16"]),
     ("cp2_allgather", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2",
                           P + "context_parallel_degree=2", P + "data_parallel_shard_degree=1"]),
     ("cp2_ring", 2, ["--training.local_batch_size=2", "--training.global_batch_size=2", P + "context_parallel_degree=2",
