@@ -1,12 +1,12 @@
-# meshtrain_module(NAME DEPS ...): a static library from src/NAME/**.cpp, depending on the
-# modules above it in DESIGN.md's order.
+# meshtrain_module(NAME DEPS ...): a static library (shared under MESHTRAIN_SHARED_LIBS) from
+# src/NAME/**.cpp, depending on the modules above it in DESIGN.md's order.
 function(meshtrain_module name)
   cmake_parse_arguments(M "" "" "DEPS;SOURCES" ${ARGN})
   if(NOT M_SOURCES)
     file(GLOB_RECURSE M_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${name}/*.cpp)
   endif()
   if(M_SOURCES)
-    add_library(meshtrain_${name} STATIC ${M_SOURCES})
+    add_library(meshtrain_${name} ${MESHTRAIN_LIBRARY_TYPE} ${M_SOURCES})
     target_include_directories(meshtrain_${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
     target_link_libraries(meshtrain_${name} PUBLIC ${M_DEPS})
   else()  # header-only so far

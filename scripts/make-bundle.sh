@@ -20,6 +20,10 @@
 #                               toolkit, and for transfers limited in size: cuBLASLt alone is ~500 MB)
 #        BUNDLE_VERSION=STR     replaces <version>-<commit>[-dirty] in the name
 #        BUNDLE_OUT=DIR         where the tarball goes (default BUILD_DIR)
+#        BUNDLE_TESTS=1|0       also bin/ the GPU test programs scripts/gpu-session.sh runs
+#                               (test_cuda_*, nccl_mesh_smoke, dump_grads: `cmake --build
+#                               BUILD_DIR --target gpu-tests`; default 0). Built with
+#                               -DMESHTRAIN_SHARED_LIBS=ON the CUDA kernels are in lib/ once.
 # Needs bash, ldd, objdump (binutils), sha256sum, tar, gzip, and Open MPI's ompi_info on PATH
 # (the Open MPI meshtrain was linked against).
 set -euo pipefail
@@ -40,6 +44,8 @@ for tool in ldd objdump strings sha256sum tar gzip ompi_info; do
   command -v "$tool" >/dev/null || die "'$tool' is needed and not on PATH"
 done
 case "$cuda_libs" in 0 | 1) ;; *) die "BUNDLE_CUDA_LIBS must be 0 or 1, not '$cuda_libs'" ;; esac
+tests=${BUNDLE_TESTS:-0}
+case "$tests" in 0 | 1) ;; *) die "BUNDLE_TESTS must be 0 or 1, not '$tests'" ;; esac
 
 # ---- name: <project version>-<short commit>[-dirty] ----
 if [ -n "${BUNDLE_VERSION:-}" ]; then
@@ -130,6 +136,15 @@ fi
 
 # ---- bin/ ----
 install -m 0755 "$bin" "$stage/bin/meshtrain"
+if [ "$tests" = 1 ]; then
+  found=0
+  for prog in "$build"/tests/test_cuda_* "$build"/tests/nccl_mesh_smoke "$build"/tests/dump_grads; do
+    [ -x "$prog" ] || continue
+    install -m 0755 "$prog" "$stage/bin/${prog##*/}"
+    found=$((found + 1))
+  done
+  [ $found -gt 0 ] || die "BUNDLE_TESTS=1 but no test program in $build/tests: cmake --build $build --target gpu-tests"
+fi
 launcher=""
 for exe in orterun prterun; do
   [ -x "$ompi_bindir/$exe" ] && launcher=$exe && break
