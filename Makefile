@@ -7,7 +7,7 @@ DECK ?= inputs/llama3_debug.toml
 CORPUS_H5 ?= data/brown.h5
 PYTHON ?= python3
 
-.PHONY: all deps deps-test deps-run build test run corpus clean bench bundle bundle-check gpu-bench
+.PHONY: all deps deps-test deps-run build test run corpus clean bench bundle bundle-check gpu-bench gpu-session-bundle
 
 all: build
 
@@ -52,6 +52,14 @@ bundle: deps
 # namespace without the system's Open MPI and libraries): scripts/check-bundle.sh.
 bundle-check: bundle
 	scripts/check-bundle.sh "$$(ls -t $(BUNDLE_BUILD_DIR)/meshtrain-bundle-*.tar.gz | head -1)"
+
+# The bundle scripts/gpu-session.sh runs on a GPU machine: shared module libraries (the CUDA
+# kernels in one library), sm_90 only, with the GPU test programs (doc/performance.md).
+gpu-session-bundle: deps
+	cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SHARED_LIBS=ON -DMESHTRAIN_NATIVE=OFF \
+	  -DCMAKE_CUDA_ARCHITECTURES=90 -DMESHTRAIN_CUDA=ON
+	cmake --build build-gpu -j $(JOBS) --target gpu-tests
+	BUNDLE_TESTS=1 BUNDLE_CUDA_LIBS=0 scripts/make-bundle.sh build-gpu
 
 # One-GPU benchmark: meshtrain vs PyTorch eager and torch.compile on the Llama 3.2 1B shape
 # (perf/gpu_step_bench.py; needs a CUDA build and a GPU).
