@@ -158,13 +158,6 @@ bool holds(const Part& part, const Held& h) {
   return part.head;
 }
 
-// Which unsharded gradients are alive (parallel/fsdp/sharded_data_parallel.hpp). Without pp
-// each micro-batch reduces its own: during a unit's backward only the unit's. Pipelined
-// ZeRO-2/3 reduce once per step (reduce_once_per_step): a unit's gradients are allocated at its
-// first backward of the step and stay until its last, so what is alive depends on which of the
-// rank's stages have run a backward (SimulationResult::InFlightState::backed): theirs, in every
-// phase, and during a stage's first backward its own units after the one computing (in forward
-// order: they ran before it) and that unit's.
 // ZeRO-3's per-unit buffers (parallel/fsdp/sharded_data_parallel.cpp), bytes. pb: bytes of a
 // gathered parameter (bf16 gathers under mixed precision), rb: of a reduced gradient; `kept`:
 // the parameters of every unit when they stay gathered (fsdp_reshard_after_forward = "never",
@@ -181,7 +174,7 @@ struct Zero3Bytes {
       for (const RankState::Unit& u : st.units) kept += pb * u.full;
   }
   // While unit u's backward computes: its gathered parameters, `grads` bytes of unsharded
-  // gradients (GradPhase), the previous unit's prefetched all-gather (`prev`) and the next
+  // gradients (GradBytes), the previous unit's prefetched all-gather (`prev`) and the next
   // unit's reduce-scatter not yet retired (`next`; a group of one rank has retired it at once);
   // `own_reduce` adds u's own reduce-scatter input, issued once its backward has returned.
   int64_t backward(const RankState::Unit& u, const RankState::Unit* prev, const RankState::Unit* next,
@@ -193,9 +186,6 @@ struct Zero3Bytes {
     return b;
   }
 };
-
-// Every unit's unsharded float32 gradients, bytes.
-int64_t all_unit_grads(const RankState& st) { return st.unit_grads_all; }
 
 // The FSDP / ZeRO buffers in the communication category at their peak, bytes (G·S: a unit's
 // all-gather output and reduce-scatter input).
@@ -216,7 +206,7 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
     const int64_t in_flight = cpu ? all_in - (zero == 1 ? first : 0) : 2 * st.unit_gather_max;
     const int64_t at_end =
         rb * in_flight + (rb == 2 ? 4 * st.unit_gather_max : 0) + (zero == 2 ? 4 * st.units.front().full : 0);
-    return once ? std::max(at_end, all_unit_grads(st)) : at_end;
+    return once ? std::max(at_end, st.unit_grads_all) : at_end;
   }
   // ZeRO-3: the largest unit's buffers at the end of its backward, over all the rank's units.
   const Zero3Bytes z(st, cfg, beta);
@@ -231,13 +221,15 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
   // yet retired (over MPI on the cpu backend: none retires before backward ends; NCCL: the
   // next one).
   if (once) {
-    peak = std::max(peak, z.backward(st.units.front(), nullptr, nullptr, false, all_unit_grads(st)));
-    int64_t grads = all_unit_grads(st), issued = 0;
+    peak = std::max(peak, z.backward(st.units.front(), nullptr, nullptr, false, st.unit_grads_all));
+    int64_t grads = st.unit_grads_all, issued = 0;
     for (size_t i = n; i-- > 0;) {
-      const int64_t in_flight = cpu ? issued : i + 1 < n ? z.rb * (st.units[i + 1].gather - st.units[i + 1].gather_local) : 0;
-      peak = std::max(peak, (z.keep ? z.kept : z.pb * st.units[i].full) + grads + in_flight + z.rb * st.units[i].gather);
-      grads -= 4 * st.units[i].full;
-      issued += z.rb * (st.units[i].gather - st.units[i].gather_local);
+      const RankState::Unit& u = st.units[i];
+      const int64_t next = i + 1 < n ? z.rb * (st.units[i + 1].gather - st.units[i + 1].gather_local) : 0;
+      const int64_t in_flight = cpu ? issued : next;
+      peak = std::max(peak, (z.keep ? z.kept : z.pb * u.full) + grads + in_flight + z.rb * u.gather);
+      grads -= 4 * u.full;
+      issued += z.rb * (u.gather - u.gather_local);
     }
   }
   return peak;
@@ -253,7 +245,13 @@ std::vector<int64_t> unit_keys(const ActivationShape::Stage& stage, int64_t n_la
 }
 
 // The unsharded gradient bytes alive during the backward of the i-th of a stage's units (in
-// forward order), and during forward phases.
+// forward order), and during forward phases (parallel/fsdp/sharded_data_parallel.hpp). Without
+// pp each micro-batch reduces its own: during a unit's backward only the unit's. Pipelined
+// ZeRO-2/3 reduce once per step (reduce_once_per_step): a unit's gradients are allocated at its
+// first backward of the step and stay until its last, so what is alive depends on which of the
+// rank's stages have run a backward (SimulationResult::InFlightState::backed): theirs, in every
+// phase, and during a stage's first backward its own units after the one computing (in forward
+// order: they ran before it) and that unit's.
 struct GradBytes {
   std::vector<int64_t> backward;  // per unit of the stage
   int64_t forward = 0;

@@ -132,7 +132,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     failed = []
-    print(f"{'layout':<16} {'category':<14} {'measured':>12} {'predicted':>12} {'error':>8}")
+    print(f"{'layout':<18} {'category':<14} {'measured':>12} {'predicted':>12} {'error':>8}")
     for tag, np_, layout in LAYOUTS:
         over = MODELS[a.model] + layout
         m, p = measure(a, tag, np_, over), predict(a, tag, np_, over)
@@ -141,7 +141,7 @@ def main():
             exact = cat in ("parameters", "gradients", "optimizer")
             ok = (p[cat] == m[cat]) if exact else (cat == "communication" or abs(err) <= a.tol)
             rule = "exact" if exact else ("(not checked)" if cat == "communication" else f"<= {a.tol:.0%}")
-            print(f"{tag:<16} {cat:<14} {m[cat]:>12} {p[cat]:>12} {err:>+8.2%} {rule}{'' if ok else '  FAIL'}")
+            print(f"{tag:<18} {cat:<14} {m[cat]:>12} {p[cat]:>12} {err:>+8.2%} {rule}{'' if ok else '  FAIL'}")
             if not ok:
                 failed.append(f"{tag} {cat}")
     if failed:
