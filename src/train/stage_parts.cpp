@@ -51,10 +51,10 @@ void sum_tied_embedding_grads(Device& dev, const Transformer& model, const std::
   for (const LocalShard& ls : shards) {
     if (ls.param->name != "tok_embeddings.weight" || ls.grad.numel() == 0) continue;
     Tensor theirs = dev.empty(ls.grad.shape(), ls.grad.dtype(), MemCategory::kCommunication);
-    auto recv = pp.recv(theirs, peer, 0);
-    auto send = pp.send(ls.grad, peer, 0);
-    recv->wait();
-    send->wait();
+    // One batch: on NCCL, a receive and a send posted as two calls are two groups run in order
+    // on one stream, so both ranks would wait in their receive forever (stream_order.hpp).
+    auto works = pp.send_recv_batch({{false, theirs, peer, 0}, {true, ls.grad, peer, 0}});
+    for (auto& w : works) w->wait();
     dev.add(ls.grad, theirs, 1.0f);
   }
 }

@@ -27,8 +27,11 @@ std::pair<size_t, size_t> stage_unit_range(const Transformer& model, const Stage
 /// ranks first_rank and last_rank of it), so both apply the same update. Each sends its local
 /// shard's gradient (`shards`: the strategy's local shards; the two ranks share dp and tp
 /// coordinates, so their shards cover the same rows) and adds what it receives: a + b on one
-/// side, b + a on the other, equal bits. No-op for an untied model, on other ranks, or when both
-/// stages are on one rank (V placement). Collective over the two ranks. @throws CommError.
+/// side, b + a on the other, equal bits. The receive and the send are posted as one batch
+/// (Communicator::send_recv_batch), which a stream-ordered backend needs: the exchange passes
+/// check_stream_programs (tested with StreamRecorder). No-op for an untied model, on other
+/// ranks, or when both stages are on one rank (V placement). Collective over the two ranks.
+/// @throws CommError.
 void sum_tied_embedding_grads(Device& dev, const Transformer& model, const std::vector<LocalShard>& shards,
                               Communicator& pp, int first_rank, int last_rank);
 

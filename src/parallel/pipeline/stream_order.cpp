@@ -1,6 +1,7 @@
 #include "parallel/pipeline/stream_order.hpp"
 
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -27,16 +28,131 @@ std::string message_text(const Message& m) {
          " of micro-batch " + std::to_string(mb);
 }
 
-std::string batch_text(const std::vector<Action>& list, const CommBatch& b) {
+std::string group_text(const std::vector<StreamTransfer>& group) {
   std::string t = "[";
-  for (size_t i = b.begin; i < b.end; ++i) {
-    if (i > b.begin) t += ' ';
-    t += to_string(list[i]);
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (i > 0) t += ' ';
+    t += group[i].text;
   }
   return t + "]";
 }
 
+/// A send or receive located in the programs: its message and the rank's group number.
+struct Posted {
+  const StreamTransfer* transfer;
+  size_t group;
+};
+
 }  // namespace
+
+void check_stream_programs(const std::vector<StreamProgram>& ranks, const std::string& what) {
+  const int P = static_cast<int>(ranks.size());
+  // Per rank: the step index of each group, and the group number of each step (-1: compute).
+  std::vector<std::vector<size_t>> group_step(P);
+  std::vector<std::vector<long>> group_of(P);
+  // (from rank, to rank) → the transfers in send order / receive order.
+  std::map<std::pair<int, int>, std::vector<Posted>> sends, recvs;
+  for (int r = 0; r < P; ++r) {
+    group_of[r].assign(ranks[r].size(), -1);
+    for (size_t i = 0; i < ranks[r].size(); ++i) {
+      const StreamStep& step = ranks[r][i];
+      if (step.group.empty()) {
+        for (size_t w : step.waits)
+          if (w >= ranks[r].size() || ranks[r][w].group.empty())
+            throw std::invalid_argument(what + ": rank " + std::to_string(r) + " step " + std::to_string(i) +
+                                        " waits for step " + std::to_string(w) + ", which is no group");
+        continue;
+      }
+      const size_t g = group_step[r].size();
+      group_of[r][i] = long(g);
+      group_step[r].push_back(i);
+      for (const StreamTransfer& t : step.group) {
+        if (t.peer < 0 || t.peer >= P)
+          throw std::invalid_argument(what + ": rank " + std::to_string(r) + " " + t.text + " names peer " +
+                                      std::to_string(t.peer) + " of " + std::to_string(P) + " ranks");
+        (t.send ? sends[{r, t.peer}] : recvs[{t.peer, r}]).push_back({&t, g});
+      }
+    }
+  }
+
+  // Match the k-th send with the k-th receive of each rank pair, as NCCL does.
+  std::vector<std::vector<std::vector<std::pair<int, size_t>>>> partners(P);  // [rank][group] → (peer, its group)
+  for (int r = 0; r < P; ++r) partners[r].resize(group_step[r].size());
+  const std::string why = " (NCCL has no message tags: it matches the sends and receives between two ranks in order)";
+  for (const auto& [pair, sent] : sends) {
+    const std::vector<Posted>& got = recvs[pair];
+    const auto [from, to] = pair;
+    const std::string where = what + ": rank " + std::to_string(from) + " → rank " + std::to_string(to) + ": ";
+    for (size_t k = 0; k < sent.size(); ++k) {
+      if (k >= got.size())
+        throw ScheduleError(where + "message " + std::to_string(k) + " (" + sent[k].transfer->message +
+                            ") has no receive" + why);
+      if (got[k].transfer->message != sent[k].transfer->message)
+        throw ScheduleError(where + "message " + std::to_string(k) + " is sent as " + sent[k].transfer->message +
+                            " but received as " + got[k].transfer->message + why);
+      partners[from][sent[k].group].push_back({to, got[k].group});
+      partners[to][got[k].group].push_back({from, sent[k].group});
+    }
+    if (got.size() > sent.size())
+      throw ScheduleError(where + "receive " + std::to_string(sent.size()) + " (" +
+                          got[sent.size()].transfer->message + ") has no send" + why);
+  }
+  for (const auto& [pair, got] : recvs)
+    if (!sends.count(pair) && !got.empty())
+      throw ScheduleError(what + ": rank " + std::to_string(pair.first) + " → rank " + std::to_string(pair.second) +
+                          ": receive 0 (" + got[0].transfer->message + ") has no send");
+
+  // Run the model: per rank, the next compute step, the groups started and those completed.
+  std::vector<size_t> next(P, 0);  // index of the next compute step (program size when done)
+  std::vector<size_t> started(P, 0), completed(P, 0);
+  auto skip_groups = [&](int r) {
+    while (next[r] < ranks[r].size() && !ranks[r][next[r]].group.empty()) ++next[r];
+  };
+  for (int r = 0; r < P; ++r) skip_groups(r);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      // The compute stream: the next step runs once the groups it waits for completed.
+      while (next[r] < ranks[r].size()) {
+        bool ready = true;
+        for (size_t w : ranks[r][next[r]].waits) ready = ready && size_t(group_of[r][w]) < completed[r];
+        if (!ready) break;
+        ++next[r];
+        skip_groups(r);
+        progress = true;
+      }
+      // The communication stream: the next group starts after the previous one completed and
+      // after every compute step issued before it.
+      if (started[r] < group_step[r].size() && started[r] == completed[r] && next[r] >= group_step[r][started[r]]) {
+        ++started[r];
+        progress = true;
+      }
+    }
+    for (int r = 0; r < P; ++r) {
+      if (completed[r] == started[r]) continue;
+      bool ready = true;
+      for (const auto& [peer, pg] : partners[r][completed[r]]) ready = ready && started[size_t(peer)] > pg;
+      if (ready) {
+        ++completed[r];
+        progress = true;
+      }
+    }
+  }
+  std::string blocked;
+  for (int r = 0; r < P; ++r) {
+    if (next[r] == ranks[r].size() && completed[r] == group_step[r].size()) continue;
+    if (!blocked.empty()) blocked += "; ";
+    blocked += "rank " + std::to_string(r) + " at ";
+    if (next[r] < ranks[r].size()) blocked += ranks[r][next[r]].text;
+    else blocked += "the end of its compute";
+    if (completed[r] < group_step[r].size())
+      blocked += ", communication group " + group_text(ranks[r][group_step[r][completed[r]]].group) +
+                 (started[r] > completed[r] ? " waiting for its partners" : " not started");
+  }
+  if (!blocked.empty())
+    throw ScheduleError(what + " deadlocks on a stream-ordered backend (NCCL groups of consecutive sends and "
+                        "receives): " + blocked);
+}
 
 std::vector<CommBatch> communication_batches(const std::vector<Action>& list) {
   std::vector<CommBatch> out;
@@ -53,124 +169,41 @@ std::vector<CommBatch> communication_batches(const std::vector<Action>& list) {
   return out;
 }
 
-void check_stream_ordered(const PipelineSchedule& s) {
-  const int P = static_cast<int>(s.ranks.size());
-  std::vector<std::vector<CommBatch>> batches(P);
-  // Per rank, per action: the batch holding it (communication) or -1 (compute).
-  std::vector<std::vector<int>> batch_of(P);
-  // Per rank: the batch of the receive each compute action consumes, or -1.
-  std::vector<std::vector<int>> consumes(P);
-  // (from rank, to rank) → the messages in send order / receive order, with the batch on that end.
-  std::map<std::pair<int, int>, std::vector<std::pair<Message, int>>> sends, recvs;
-  for (int r = 0; r < P; ++r) {
+std::vector<StreamProgram> schedule_programs(const PipelineSchedule& s) {
+  std::vector<StreamProgram> programs(s.ranks.size());
+  for (size_t r = 0; r < s.ranks.size(); ++r) {
     const std::vector<Action>& list = s.ranks[r];
-    batches[r] = communication_batches(list);
-    batch_of[r].assign(list.size(), -1);
-    std::map<Message, int> received_in;  // message → batch of its receive on this rank
-    for (size_t b = 0; b < batches[r].size(); ++b) {
-      for (size_t i = batches[r][b].begin; i < batches[r][b].end; ++i) {
+    StreamProgram& prog = programs[r];
+    std::map<Message, size_t> received_in;  // message → the step of the group receiving it here
+    size_t i = 0;
+    for (const CommBatch& b : communication_batches(list)) {
+      for (; i < b.begin; ++i) prog.push_back({{}, {}, to_string(list[i])});
+      StreamStep group;
+      for (; i < b.end; ++i) {
         const Action& a = list[i];
-        batch_of[r][i] = static_cast<int>(b);
-        const int peer = s.rank_of(peer_stage(a));
-        if (is_send(a.type)) {
-          sends[{r, peer}].push_back({message_of(a), int(b)});
-        } else {
-          recvs[{peer, r}].push_back({message_of(a), int(b)});
-          received_in[message_of(a)] = int(b);
-        }
+        group.group.push_back({is_send(a.type), s.rank_of(peer_stage(a)), message_text(message_of(a)), to_string(a)});
+        if (!is_send(a.type)) received_in[message_of(a)] = prog.size();
       }
+      prog.push_back(std::move(group));
     }
-    consumes[r].assign(list.size(), -1);
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Action& a = list[i];
+    for (; i < list.size(); ++i) prog.push_back({{}, {}, to_string(list[i])});
+    // Each F / B / I waits for the group that received its input or output gradient.
+    for (size_t k = 0, a = 0; k < prog.size(); ++k) {
+      if (!prog[k].group.empty()) {
+        a += prog[k].group.size();
+        continue;
+      }
+      const Action& act = list[a++];
       Message m;
-      if (a.type == ActionType::kForward) m = {0, a.stage, a.microbatch};
-      else if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput) m = {1, a.stage, a.microbatch};
+      if (act.type == ActionType::kForward) m = {0, act.stage, act.microbatch};
+      else if (act.type == ActionType::kBackward || act.type == ActionType::kBackwardInput) m = {1, act.stage, act.microbatch};
       else continue;
-      if (auto it = received_in.find(m); it != received_in.end()) consumes[r][i] = it->second;
+      if (auto it = received_in.find(m); it != received_in.end()) prog[k].waits.push_back(it->second);
     }
   }
-
-  // Match the k-th send with the k-th receive of each rank pair, as NCCL does.
-  std::vector<std::vector<std::vector<std::pair<int, int>>>> partners(P);  // [rank][batch] → (peer, its batch)
-  for (int r = 0; r < P; ++r) partners[r].resize(batches[r].size());
-  for (const auto& [pair, sent] : sends) {
-    const auto& got = recvs[pair];
-    const auto [from, to] = pair;
-    const std::string where = "rank " + std::to_string(from) + " → rank " + std::to_string(to) + ": ";
-    const std::string why = " (NCCL has no message tags: it matches the sends and receives between two ranks in order)";
-    for (size_t k = 0; k < sent.size(); ++k) {
-      if (k >= got.size())
-        throw ScheduleError(where + "message " + std::to_string(k) + " (" + message_text(sent[k].first) +
-                            ") has no receive" + why);
-      if (got[k].first != sent[k].first)
-        throw ScheduleError(where + "message " + std::to_string(k) + " is sent as " + message_text(sent[k].first) +
-                            " but received as " + message_text(got[k].first) + why);
-      partners[from][size_t(sent[k].second)].push_back({to, got[k].second});
-      partners[to][size_t(got[k].second)].push_back({from, sent[k].second});
-    }
-    if (got.size() > sent.size())
-      throw ScheduleError(where + "receive " + std::to_string(sent.size()) + " (" + message_text(got[sent.size()].first) +
-                          ") has no send" + why);
-  }
-  for (const auto& [pair, got] : recvs)
-    if (!sends.count(pair) && !got.empty())
-      throw ScheduleError("rank " + std::to_string(pair.first) + " → rank " + std::to_string(pair.second) +
-                          ": receive 0 (" + message_text(got[0].first) + ") has no send");
-
-  // Run the model: per rank, the next compute action, the groups started and those completed.
-  std::vector<size_t> next(P, 0);    // index of the next compute action (list size when done)
-  std::vector<size_t> started(P, 0), completed(P, 0);
-  std::vector<std::vector<char>> done(P);
-  for (int r = 0; r < P; ++r) done[r].assign(batches[r].size(), 0);
-  auto skip_comm = [&](int r) {
-    while (next[r] < s.ranks[r].size() && !s.ranks[r][next[r]].is_compute()) ++next[r];
-  };
-  for (int r = 0; r < P; ++r) skip_comm(r);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int r = 0; r < P; ++r) {
-      // The compute stream: the next action runs once the receive it consumes completed.
-      while (next[r] < s.ranks[r].size()) {
-        const int b = consumes[r][next[r]];
-        if (b >= 0 && !done[r][size_t(b)]) break;
-        ++next[r];
-        skip_comm(r);
-        progress = true;
-      }
-      // The communication stream: the next group starts after the previous one completed and
-      // after every compute action issued before it.
-      if (started[r] < batches[r].size() && started[r] == completed[r] && next[r] >= batches[r][started[r]].begin) {
-        ++started[r];
-        progress = true;
-      }
-    }
-    for (int r = 0; r < P; ++r) {
-      if (completed[r] == started[r]) continue;
-      const size_t b = completed[r];
-      bool ready = true;
-      for (const auto& [peer, pb] : partners[r][b]) ready = ready && started[size_t(peer)] > size_t(pb);
-      if (ready) {
-        done[r][b] = 1;
-        ++completed[r];
-        progress = true;
-      }
-    }
-  }
-  std::string blocked;
-  for (int r = 0; r < P; ++r) {
-    if (next[r] == s.ranks[r].size() && completed[r] == batches[r].size()) continue;
-    if (!blocked.empty()) blocked += "; ";
-    blocked += "rank " + std::to_string(r) + " at ";
-    if (next[r] < s.ranks[r].size()) blocked += to_string(s.ranks[r][next[r]]);
-    else blocked += "the end of its compute";
-    if (completed[r] < batches[r].size())
-      blocked += ", communication group " + batch_text(s.ranks[r], batches[r][completed[r]]) +
-                 (started[r] > completed[r] ? " waiting for its partners" : " not started");
-  }
-  if (!blocked.empty())
-    throw ScheduleError("schedule " + s.name + " deadlocks on a stream-ordered backend (NCCL groups of consecutive "
-                        "sends and receives): " + blocked);
+  return programs;
 }
+
+void check_stream_ordered(const PipelineSchedule& s) { check_stream_programs(schedule_programs(s), "schedule " + s.name); }
 
 }  // namespace meshtrain
