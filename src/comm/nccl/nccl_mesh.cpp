@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/mpi/mpi_communicator.hpp"
 #include "util/errors.hpp"
@@ -79,9 +81,39 @@ void NcclMesh::check_async_errors(const char* what) {
 }
 
 NcclMesh::~NcclMesh() {
-  for (ncclComm_t c : comms_)
-    if (c) ncclCommDestroy(c);
-  if (world_) ncclCommDestroy(world_);
+  // Dimension communicators before the world they were split from.
+  std::vector<std::pair<ncclComm_t, const char*>> all;
+  for (int d = 0; d < kNumMeshDims; ++d)
+    if (comms_[size_t(d)]) all.push_back({comms_[size_t(d)], mesh_dim_name(MeshDim(d))});
+  if (world_) all.push_back({world_, "world"});
+  // Non-blocking communicators: ncclCommFinalize only starts the flush (state ncclInProgress),
+  // and ncclCommDestroy before the state left ncclInProgress would free resources NCCL still
+  // uses. Every finalize is issued first, so they progress together whatever order the peers
+  // finalize in; then each is polled. One that fails or outlives the deadline (a dead peer
+  // never reaches quiescence) is aborted instead, so a destructor never hangs.
+  std::vector<bool> finalizing(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    const ncclResult_t r = ncclCommFinalize(all[i].first);
+    finalizing[i] = r == ncclSuccess || r == ncclInProgress;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto [comm, dim] = all[i];
+    ncclResult_t state = finalizing[i] ? ncclInProgress : ncclInternalError;
+    while (state == ncclInProgress) {
+      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) state = ncclInternalError;
+      if (state != ncclInProgress) break;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout_s_) {
+        std::fprintf(stderr, "NCCL communicator of dimension '%s' did not finalize within %.0f s; aborting it\n", dim,
+                     timeout_s_);
+        state = ncclInternalError;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (state == ncclSuccess) (void)ncclCommDestroy(comm);
+    else (void)ncclCommAbort(comm);
+  }
 }
 
 }  // namespace meshtrain

@@ -21,6 +21,11 @@ class NcclMesh {
   /// @throws CommError naming the NCCL call and dimension when creation fails; aborts the job
   ///         (exit 3) when it does not finish within timeout_s.
   NcclMesh(MPI_Comm world, const RankLayout& layout, double timeout_s);
+  /// Finalizes every communicator (ncclCommFinalize, all issued before any is waited for, then
+  /// each polled with ncclCommGetAsyncError until it leaves ncclInProgress) and destroys it
+  /// (ncclCommDestroy); one that reports an error or is still in progress after timeout_s is
+  /// aborted (ncclCommAbort) with a line on stderr. Collective in effect: the peers finalize
+  /// too. Every NcclCommunicator over these communicators must be gone. Throws nothing.
   ~NcclMesh();
   NcclMesh(const NcclMesh&) = delete;
   NcclMesh& operator=(const NcclMesh&) = delete;
