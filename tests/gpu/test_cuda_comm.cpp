@@ -248,6 +248,42 @@ BOOST_AUTO_TEST_CASE(nccl_communicator_on_one_rank) {
   BOOST_TEST(ncclCommDestroy(comm) == ncclSuccess);
 }
 
+BOOST_AUTO_TEST_CASE(each_communicator_has_its_own_stream) {
+  // Two dimensions' communicators: distinct streams, neither the compute stream; a result of
+  // one, waited for, feeds the other (ordering rule 1-3 of nccl_communicator.hpp).
+  ncclComm_t tp_comm = self_nccl_comm(), fsdp_comm = self_nccl_comm();
+  {
+    MpiCommunicator self(MPI_COMM_SELF, "self");
+    NcclCommunicator tp(tp_comm, cuda_dev(), self, "tp"), fsdp(fsdp_comm, cuda_dev(), self, "fsdp");
+    tp.set_timeout(60);
+    fsdp.set_timeout(60);
+    BOOST_TEST(tp.stream() != fsdp.stream());
+    BOOST_TEST(tp.stream() != cuda_dev().compute_stream());
+    BOOST_TEST(fsdp.stream() != cuda_dev().comm_stream());
+    Pair a = random_pair({512, 512}, DType::kF32, 31), b = random_pair({512, 512}, DType::kF32, 32);
+    Pair prod = output_pair({512, 512}, DType::kF32), gathered = output_pair({512 * 512}, DType::kF32);
+    cpu().matmul(a.c, false, b.c, false, prod.c, 1.0f, 0.0f);
+    cpu().copy(gathered.c, prod.c.reshape({512 * 512}));
+    for (int round = 0; round < 20; ++round) {
+      gpu().matmul(a.g, false, b.g, false, prod.g, 1.0f, 0.0f);
+      tp.all_reduce(prod.g, ReduceOp::kSum)->wait();
+      fsdp.all_gather(prod.g.reshape({512 * 512}), gathered.g)->wait();
+    }
+    expect_close(gathered, DType::kF32, "an all_gather on fsdp of a tp all_reduce's waited result");
+    // Many collectives on both, never waited: synchronize() covers every communicator's stream.
+    Tensor x = on_gpu(DType::kF32, {1, 2, 3, 4}), y = on_gpu(DType::kF32, {5, 6});
+    for (int i = 0; i < 100; ++i) {
+      tp.all_reduce(x, ReduceOp::kSum);
+      fsdp.all_reduce(y, ReduceOp::kMax);
+    }
+    gpu().synchronize();
+    BOOST_TEST(of_gpu(x) == std::vector<float>({1, 2, 3, 4}), boost::test_tools::per_element());
+    BOOST_TEST(of_gpu(y) == std::vector<float>({5, 6}), boost::test_tools::per_element());
+  }
+  BOOST_TEST(ncclCommDestroy(tp_comm) == ncclSuccess);
+  BOOST_TEST(ncclCommDestroy(fsdp_comm) == ncclSuccess);
+}
+
 #endif  // MESHTRAIN_HAVE_NCCL
 
 int main(int argc, char** argv) { return meshtrain::gputest::gpu_test_main(argc, argv); }

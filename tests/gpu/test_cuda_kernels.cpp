@@ -112,6 +112,37 @@ BOOST_AUTO_TEST_CASE(embedding_backward_matches_cpu_and_is_deterministic) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(embedding_backward_of_a_heavily_repeated_token_matches_cpu) {
+  // A frequent token is one long run of sorted positions, cut into chunk pieces summed by
+  // several blocks and added up in chunk order (embedding.cu). Runs across many chunks, runs
+  // ending exactly at a chunk boundary, a whole batch of one token, and the scalar path.
+  struct Case {
+    int64_t n, d;
+    double share;  // fraction of positions holding token 3
+  };
+  uint64_t seed = 700;
+  for (const Case& cs : {Case{40000, 512, 0.8}, Case{20000, 256, 1.0}, Case{1024, 128, 1.0}, Case{4096, 37, 0.5},
+                         Case{129, 64, 1.0}})
+    for (DType dt : kDtypes) {
+      const int64_t v = 64;
+      Pair g = random_pair({cs.n, cs.d}, dt, ++seed);
+      Pair tok = id_pair(cs.n, 0, int(v), ++seed);
+      std::mt19937_64 rng(++seed);
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      std::uniform_int_distribution<int32_t> other(0, int32_t(v) - 1);
+      std::vector<int32_t> ids(static_cast<size_t>(cs.n));
+      for (auto& id : ids) id = u(rng) < cs.share ? 3 : other(rng);
+      upload_ids(tok, ids);
+      Pair gw = random_pair({v, cs.d}, DType::kF32, ++seed);
+      Tensor start = gpu_clone(gw.g);
+      cpu().embedding_backward(g.c, tok.c, gw.c, 0);
+      gpu().embedding_backward(g.g, tok.g, gw.g, 0);
+      expect_close(gw, dt, label("embedding_backward, repeated token", g.c.shape()));
+      gpu().embedding_backward(g.g, tok.g, start, 0);
+      BOOST_CHECK_MESSAGE(same_bytes(start, gw.g), "embedding_backward is not bitwise reproducible");
+    }
+}
+
 // ---- RMSNorm ----
 
 namespace {

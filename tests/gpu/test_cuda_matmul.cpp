@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -117,6 +118,48 @@ BOOST_AUTO_TEST_CASE(matmul_large_bf16) {
   run_case({4096, 2048, 2048, false, false}, DType::kBF16, DType::kBF16, 1.0f, 0.0f, 400);
   run_case({4096, 2048, 2048, false, true}, DType::kBF16, DType::kF32, 1.0f, 1.0f, 401);
   run_case({2048, 2048, 4096, true, false}, DType::kBF16, DType::kF32, 1.0f, 0.0f, 402);  // a weight gradient
+}
+
+// Mixture-of-Experts: each expert's GEMM has M = its token count (forward, input gradient) or
+// K = it (weight gradient), new at every step. The plan cache must ask the heuristic once per
+// size bucket, keep at most its capacity of exact problems, and still compute right.
+BOOST_AUTO_TEST_CASE(matmul_plan_cache_stays_bounded_over_many_moe_row_counts) {
+  auto& dev = dynamic_cast<CudaDevice&>(gpu());
+  const CudaDevice::MatmulCacheStats before = dev.matmul_cache_stats();
+  std::set<int64_t> buckets;
+  int checked = 0;
+  for (int64_t rows = 1; rows <= 3000; rows += 1) {
+    const bool compare = rows % 97 == 1 || rows == 3000;  // every size runs; some are compared
+    const uint64_t seed = 900 + uint64_t(rows);
+    if (compare) {
+      run_case({rows, 256, 128, false, true}, DType::kBF16, DType::kBF16, 1.0f, 0.0f, seed);   // forward
+      run_case({256, 128, rows, true, false}, DType::kBF16, DType::kF32, 1.0f, 1.0f, seed);    // weight gradient
+      ++checked;
+    } else {
+      Tensor x = gpu().empty({rows, 128}, DType::kBF16, MemCategory::kTemporaries);
+      Tensor w = gpu().empty({256, 128}, DType::kBF16, MemCategory::kTemporaries);
+      Tensor y = gpu().empty({rows, 256}, DType::kBF16, MemCategory::kTemporaries);
+      Tensor dw = gpu().empty({256, 128}, DType::kF32, MemCategory::kTemporaries);
+      gpu().fill(x, 0.5f);
+      gpu().fill(w, 0.25f);
+      gpu().fill(dw, 0.0f);
+      gpu().matmul(x, false, w, true, y, 1.0f, 0.0f);
+      gpu().matmul(y, true, x, false, dw, 1.0f, 1.0f);
+    }
+    buckets.insert(gemm_size_bucket(rows));
+  }
+  gpu().synchronize();
+  const CudaDevice::MatmulCacheStats after = dev.matmul_cache_stats();
+  BOOST_TEST(checked > 20);
+  // Two GEMM shapes per row count, a few alignments (the random pairs and the plain tensors
+  // are all 256-byte aligned): the heuristic runs about once per (shape, bucket), never per size.
+  const int64_t asked = after.heuristic_calls - before.heuristic_calls;
+  BOOST_TEST_MESSAGE("heuristic calls " << asked << " for 6000 GEMMs over " << buckets.size() << " buckets; plans "
+                                        << after.plans << " of " << after.plan_capacity << ", evictions "
+                                        << after.plan_evictions);
+  BOOST_TEST(asked <= int64_t(4 * buckets.size()));
+  BOOST_TEST(after.plans <= after.plan_capacity);
+  BOOST_TEST(after.plan_evictions > before.plan_evictions);  // 6000 exact problems > capacity
 }
 
 // Views at element offset 1 are 4- (f32) or 2-byte (bf16) aligned. The same shapes run aligned

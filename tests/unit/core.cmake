@@ -7,3 +7,4 @@ meshtrain_test(test_optim SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_optim.cpp LIB
 meshtrain_test(test_safetensors_export SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_safetensors_export.cpp LIBS meshtrain_checkpoint)
 meshtrain_test(test_weight_grad_queue SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_weight_grad_queue.cpp LIBS meshtrain_model)
 meshtrain_test(test_moe SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_moe.cpp LIBS meshtrain_model)
+meshtrain_test(test_gemm_plan_cache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gemm_plan_cache.cpp LIBS meshtrain_device)

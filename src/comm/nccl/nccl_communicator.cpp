@@ -136,8 +136,8 @@ class NcclWork final : public Work {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(ncclComm_t comm, CudaDevice& dev, MpiCommunicator& mpi, std::string name)
-    : comm_(comm), dev_(dev), mpi_(mpi), name_(std::move(name)), group_(mpi.describe()), rank_(mpi.rank()),
-      size_(mpi.size()), wd_(std::make_unique<Watchdog>()) {
+    : comm_(comm), dev_(dev), stream_(dev.create_comm_stream()), mpi_(mpi), name_(std::move(name)),
+      group_(mpi.describe()), rank_(mpi.rank()), size_(mpi.size()), wd_(std::make_unique<Watchdog>()) {
   int n = 0, r = 0;
   ncclResult_t e = ncclCommCount(comm_, &n);
   if (e == ncclSuccess) e = ncclCommUserRank(comm_, &r);
@@ -256,14 +256,14 @@ std::shared_ptr<NcclCommunicator::InFlight> NcclCommunicator::begin(const char* 
     op->event = nullptr;
     throw CommError(std::string(what) + " on " + group_ + ": cudaEventCreateWithFlags failed: " + cudaGetErrorString(e));
   }
-  dev_.comm_wait_for_compute();  // the collective must see what the compute stream queued so far
+  dev_.stream_wait_for_compute(stream_);  // rule 1: the collective sees what the compute stream queued so far
   return op;
 }
 
 std::unique_ptr<Work> NcclCommunicator::finish(std::shared_ptr<InFlight> op, ncclResult_t r, const char* call,
                                                std::vector<Tensor> keep) {
   await_enqueued(r, op->what, call);
-  const cudaError_t e = cudaEventRecord(op->event, dev_.comm_stream());
+  const cudaError_t e = cudaEventRecord(op->event, stream_);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     throw CommError(std::string(op->what) + " on " + group_ + ": cudaEventRecord failed: " + cudaGetErrorString(e));
@@ -289,7 +289,7 @@ std::unique_ptr<Work> NcclCommunicator::finish(std::shared_ptr<InFlight> op, ncc
 std::unique_ptr<Work> NcclCommunicator::all_reduce(const Tensor& t, ReduceOp op) {
   auto f = begin("all_reduce (NCCL)");
   const ncclResult_t r = ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_,
-                                       dev_.comm_stream());
+                                       stream_);
   auto w = finish(std::move(f), r, "ncclAllReduce", {t});
   count(CollectiveKind::kAllReduce, int64_t(2 * t.nbytes() * (size_ - 1) / size_));
   return w;
@@ -300,7 +300,7 @@ std::unique_ptr<Work> NcclCommunicator::reduce_scatter(const Tensor& in, const T
   same_dtype(in, out, "reduce_scatter");
   auto f = begin("reduce_scatter (NCCL)");
   const ncclResult_t r = ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_type(in.dtype()),
-                                           nccl_op(op), comm_, dev_.comm_stream());
+                                           nccl_op(op), comm_, stream_);
   auto w = finish(std::move(f), r, "ncclReduceScatter", {in, out});
   count(CollectiveKind::kReduceScatter, int64_t(in.nbytes() * (size_ - 1) / size_));
   return w;
@@ -311,7 +311,7 @@ std::unique_ptr<Work> NcclCommunicator::all_gather(const Tensor& in, const Tenso
   same_dtype(in, out, "all_gather");
   auto f = begin("all_gather (NCCL)");
   const ncclResult_t r =
-      ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_, dev_.comm_stream());
+      ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_type(in.dtype()), comm_, stream_);
   auto w = finish(std::move(f), r, "ncclAllGather", {in, out});
   count(CollectiveKind::kAllGather, int64_t(out.nbytes() * (size_ - 1) / size_));
   return w;
@@ -321,7 +321,7 @@ std::unique_ptr<Work> NcclCommunicator::broadcast(const Tensor& t, int root) {
   if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root " + std::to_string(root) + " outside the group");
   auto f = begin("broadcast (NCCL)");
   const ncclResult_t r = ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_type(t.dtype()), root, comm_,
-                                       dev_.comm_stream());
+                                       stream_);
   auto w = finish(std::move(f), r, "ncclBroadcast", {t});
   if (rank_ == root) count(CollectiveKind::kBroadcast, int64_t(t.nbytes()));
   return w;
@@ -330,7 +330,7 @@ std::unique_ptr<Work> NcclCommunicator::broadcast(const Tensor& t, int root) {
 std::unique_ptr<Work> NcclCommunicator::send(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
   if (peer < 0 || peer >= size_) throw std::invalid_argument("send: peer " + std::to_string(peer) + " outside the group");
   auto f = begin("send (NCCL)");
-  const ncclResult_t r = ncclSend(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, dev_.comm_stream());
+  const ncclResult_t r = ncclSend(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, stream_);
   auto w = finish(std::move(f), r, "ncclSend", {t});
   count(CollectiveKind::kSendRecv, int64_t(t.nbytes()));
   return w;
@@ -339,7 +339,7 @@ std::unique_ptr<Work> NcclCommunicator::send(const Tensor& t, int peer, int /*ta
 std::unique_ptr<Work> NcclCommunicator::recv(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
   if (peer < 0 || peer >= size_) throw std::invalid_argument("recv: peer " + std::to_string(peer) + " outside the group");
   auto f = begin("recv (NCCL)");
-  const ncclResult_t r = ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, dev_.comm_stream());
+  const ncclResult_t r = ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, stream_);
   return finish(std::move(f), r, "ncclRecv", {t});
 }
 
@@ -359,9 +359,9 @@ std::vector<std::unique_ptr<Work>> NcclCommunicator::send_recv_batch(const std::
     for (const P2POp& op : ops) {
       const Tensor& t = op.tensor;
       const ncclResult_t r = op.send ? ncclSend(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), op.peer, comm_,
-                                                dev_.comm_stream())
+                                                stream_)
                                      : ncclRecv(t.raw(), size_t(t.numel()), nccl_type(t.dtype()), op.peer, comm_,
-                                                dev_.comm_stream());
+                                                stream_);
       if (!accepted(r)) {
         result = r, call = op.send ? "ncclSend" : "ncclRecv";
         break;
@@ -436,7 +436,7 @@ std::unique_ptr<Work> NcclCommunicator::all_to_all_v(const Tensor& in, const std
   const char* call = nullptr;
   const ncclResult_t result = post_exchange(static_cast<const char*>(in.raw()), send, static_cast<char*>(out.raw()),
                                             recv, nccl_type(in.dtype()), dtype_size(in.dtype()), comm_,
-                                            dev_.comm_stream(), &call);
+                                            stream_, &call);
   auto w = finish(std::move(f), result, call, {in, out});
   count(CollectiveKind::kAllToAll, bytes);
   return w;
@@ -450,7 +450,7 @@ std::unique_ptr<Work> NcclCommunicator::all_to_all(const Tensor& in, const Tenso
   const char* call = nullptr;
   const ncclResult_t result = post_exchange(static_cast<const char*>(in.raw()), blocks, static_cast<char*>(out.raw()),
                                             blocks, nccl_type(in.dtype()), dtype_size(in.dtype()), comm_,
-                                            dev_.comm_stream(), &call);
+                                            stream_, &call);
   auto w = finish(std::move(f), result, call, {in, out});
   count(CollectiveKind::kAllToAll, int64_t(in.nbytes() * (size_ - 1) / size_));
   return w;

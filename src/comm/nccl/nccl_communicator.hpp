@@ -1,9 +1,26 @@
 #pragma once
 /// @file NcclCommunicator: the Communicator interface on one NCCL communicator (a mesh
 /// dimension's group, from NcclMesh::get) for tensors on a CudaDevice (DESIGN.md data flow
-/// step 4). Collectives are stream-ordered on CudaDevice::comm_stream(): each first makes the
-/// communication stream wait for all compute work queued so far, and its Work::wait() makes the
-/// compute stream wait for the collective — no host blocking anywhere on the hot path.
+/// step 4). Collectives are stream-ordered on a communication stream of this communicator's
+/// own (CudaDevice::create_comm_stream), so one mesh dimension's collectives never queue behind
+/// another's (a tp all-reduce behind an fsdp prefetch). No host blocking on the hot path.
+///
+/// Ordering rule (every edge between streams is one of these):
+///  1. Before a collective is queued, its stream waits for all compute work queued so far (an
+///     event on the compute stream): it reads what the compute stream wrote before the call.
+///  2. Work::wait(), or dropping an unwaited Work, makes the compute stream wait for the
+///     collective's completion event: kernels queued later see its result.
+///  3. Within one communicator collectives run in issue order; the streams of two
+///     communicators are not ordered against each other. A collective that consumes another
+///     dimension's result must therefore be issued after that result's wait() (or after its
+///     test() answered true) — which code written for MPI, where a result exists only then,
+///     already does; rule 1 then carries the edge through the compute stream.
+///  4. Every rank issues the collectives of all its communicators in one program order (the
+///     trainer is SPMD). NCCL lets several communicators run at once on one GPU only under that
+///     condition (NCCL user guide, "Using multiple NCCL communicators concurrently").
+/// Memory: a Work keeps its tensors alive until rule 2 ordered the compute stream after the
+/// collective (or it was seen complete), so the caching allocator, which hands blocks out in
+/// compute-stream order, never gives them to work that could run during the collective.
 ///
 /// Watchdog: every collective gets a deadline (set_timeout) counted from when it was queued.
 /// A background thread per communicator polls the in-flight collectives' completion events and
@@ -14,6 +31,7 @@
 /// exit status 3 (MpiRuntime::abort_job; MPI_Abort from the watchdog thread, the one MPI call
 /// made off the main thread). A CUDA error it sees (a faulted context: nothing will complete)
 /// ends the job the same way with status 1. Compiled only when CUDA and NCCL are found.
+#include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <memory>
@@ -47,6 +65,8 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   ncclComm_t comm() const { return comm_; }
+  /// The stream this communicator's collectives run on (owned by the CudaDevice).
+  cudaStream_t stream() const { return stream_; }
 
   // Collectives on contiguous device tensors of dtype f32, bf16 or i32 (ncclFloat32,
   // ncclBfloat16, ncclInt32), in and out of one dtype; sizes and semantics as Communicator.
@@ -106,6 +126,7 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;
   CudaDevice& dev_;
+  cudaStream_t stream_ = nullptr;  // from dev_.create_comm_stream()
   MpiCommunicator& mpi_;
   std::string name_;
   std::string group_;

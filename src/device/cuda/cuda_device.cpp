@@ -168,6 +168,7 @@ void CudaDevice::release_resources() noexcept {
   if (cudaSetDevice(ordinal_) != cudaSuccess) (void)cudaGetLastError();
   if (compute_) (void)cudaStreamSynchronize(compute_);
   if (comm_) (void)cudaStreamSynchronize(comm_);
+  for (cudaStream_t st : comm_streams_) (void)cudaStreamSynchronize(st);
   alloc_.reset();  // returns the cached blocks (cudaFree)
   plans_.clear();  // before the cuBLASLt handle they belong to
   for (int i = 0; i < kStageSlots; ++i) {
@@ -185,6 +186,8 @@ void CudaDevice::release_resources() noexcept {
   if (comm_done_) (void)cudaEventDestroy(comm_done_);
   if (compute_) (void)cudaStreamDestroy(compute_);
   if (comm_) (void)cudaStreamDestroy(comm_);
+  for (cudaStream_t st : comm_streams_) (void)cudaStreamDestroy(st);
+  comm_streams_.clear();
   scratch_ = nullptr, host_scratch_ = nullptr, scratch_n_ = 0;
   error_flag_ = nullptr, workspace_ = nullptr, lt_ = nullptr;
   compute_done_ = comm_done_ = nullptr;
@@ -194,6 +197,7 @@ void CudaDevice::release_resources() noexcept {
 
 void CudaDevice::synchronize() {
   MT_CUDA(cudaStreamSynchronize(comm_));
+  for (cudaStream_t st : comm_streams_) MT_CUDA(cudaStreamSynchronize(st));
   MT_CUDA(cudaStreamSynchronize(compute_));
   // A launch error some caller did not check would otherwise go unnoticed until it corrupts
   // results; cudaErrorNotReady is a query answer, not an error.
@@ -215,6 +219,20 @@ double CudaDevice::peak_flops(bool* measured) {
 void CudaDevice::comm_wait_for_compute() {
   MT_CUDA(cudaEventRecord(compute_done_, compute_));
   MT_CUDA(cudaStreamWaitEvent(comm_, compute_done_, 0));
+}
+
+cudaStream_t CudaDevice::create_comm_stream() {
+  MT_CUDA(cudaSetDevice(ordinal_));
+  cudaStream_t st = nullptr;
+  MT_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  comm_streams_.push_back(st);
+  return st;
+}
+
+void CudaDevice::stream_wait_for_compute(cudaStream_t stream) {
+  // One event serves every stream: cudaStreamWaitEvent captures the work recorded so far.
+  MT_CUDA(cudaEventRecord(compute_done_, compute_));
+  MT_CUDA(cudaStreamWaitEvent(stream, compute_done_, 0));
 }
 
 void CudaDevice::compute_wait_for_comm() {
@@ -310,13 +328,13 @@ void CudaDevice::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
     MT_CUDA(cublasLtMatmul(lt_, p.op, &alpha, bp, p.lt_a, ap, p.lt_b, &beta, cp, p.lt_c, cp, p.lt_c, &p.algo,
                            workspace_, workspace_bytes_, compute_));
   };
-  const MatmulPlan& p = matmul_plan({m, n, k, trans_a, trans_b, int(ab), int(ct), al_a, al_b, al_c});
-  if (p.usable) return launch(p, a.raw(), b.raw(), c.raw());
+  const std::shared_ptr<const MatmulPlan> p = matmul_plan({m, n, k, trans_a, trans_b, int(ab), int(ct), al_a, al_b, al_c});
+  if (p->usable) return launch(*p, a.raw(), b.raw(), c.raw());
   // No algorithm for these alignments (views at odd element offsets): copy each misaligned
   // operand into a fresh, 256-byte aligned block. Everything runs on the compute stream, so the
   // temporaries may return to the cache when this scope ends.
-  const MatmulPlan& q = matmul_plan({m, n, k, trans_a, trans_b, int(ab), int(ct), 256, 256, 256});
-  if (!q.usable || (al_a == 256 && al_b == 256 && al_c == 256))
+  const std::shared_ptr<const MatmulPlan> q = matmul_plan({m, n, k, trans_a, trans_b, int(ab), int(ct), 256, 256, 256});
+  if (!q->usable || (al_a == 256 && al_b == 256 && al_c == 256))
     throw std::runtime_error("cuBLASLt has no algorithm for matmul M=" + std::to_string(m) + " N=" +
                              std::to_string(n) + " K=" + std::to_string(k) + " trans_a=" + std::to_string(trans_a) +
                              " trans_b=" + std::to_string(trans_b) + " A/B " + dtype_name(ab) + " C " +
@@ -329,15 +347,43 @@ void CudaDevice::matmul(const Tensor& a, bool trans_a, const Tensor& b, bool tra
   };
   const Tensor a2 = aligned(a, al_a, true), b2 = aligned(b, al_b, true);
   const Tensor c2 = aligned(c, al_c, beta != 0.0f);  // with beta = 0, C is not read
-  launch(q, a2.raw(), b2.raw(), c2.raw());
+  launch(*q, a2.raw(), b2.raw(), c2.raw());
   if (al_c != 256) MT_CUDA(cudaMemcpyAsync(c.raw(), c2.raw(), c.nbytes(), cudaMemcpyDeviceToDevice, compute_));
 }
 
-const CudaDevice::MatmulPlan& CudaDevice::matmul_plan(const PlanKey& key) {
+std::shared_ptr<const CudaDevice::MatmulPlan> CudaDevice::matmul_plan(const PlanKey& key) {
   std::lock_guard<std::mutex> lock(plan_mu_);
-  auto it = plans_.find(key);
-  if (it != plans_.end()) return *it->second;
-  const auto [m, n, k, ta, tb, ab_i, c_i, align_a, align_b, align_c] = key;
+  if (std::shared_ptr<MatmulPlan>* hit = plans_.find(key)) return *hit;
+  std::shared_ptr<MatmulPlan> p = matmul_descriptors(key);
+  // The algorithm is chosen once per bucket of m and k (the extents MoE's row counts vary):
+  // cuBLASLt's kernels handle any extent up to the one they were picked for, and
+  // cublasLtMatmulAlgoCheck confirms that for the exact descriptors and our workspace.
+  PlanKey bucket = key;
+  std::get<0>(bucket) = gemm_size_bucket(std::get<0>(key));
+  std::get<2>(bucket) = gemm_size_bucket(std::get<2>(key));
+  auto it = algos_.find(bucket);
+  if (it == algos_.end())
+    it = algos_.emplace(bucket, matmul_heuristic(bucket == key ? *p : *matmul_descriptors(bucket), bucket)).first;
+  bool fits = it->second.usable;
+  if (fits && bucket != key) {
+    cublasLtMatmulHeuristicResult_t check{};
+    fits = cublasLtMatmulAlgoCheck(lt_, p->op, p->lt_a, p->lt_b, p->lt_c, p->lt_c, &it->second.algo, &check) ==
+               CUBLAS_STATUS_SUCCESS &&
+           check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= workspace_bytes_;
+  }
+  if (fits) {
+    p->algo = it->second.algo;
+    p->usable = true;
+  } else if (it->second.usable) {  // the bucket's algorithm does not fit these exact sizes
+    const MatmulAlgo exact = matmul_heuristic(*p, key);
+    p->algo = exact.algo;
+    p->usable = exact.usable;
+  }
+  return plans_.insert(key, std::move(p));
+}
+
+std::unique_ptr<CudaDevice::MatmulPlan> CudaDevice::matmul_descriptors(const PlanKey& key) {
+  const auto [m, n, k, ta, tb, ab_i, c_i, al_a, al_b, al_c] = key;  // alignments: the heuristic's
   const cudaDataType_t abt = lt_type(DType(ab_i)), ct = lt_type(DType(c_i));
   auto p = std::make_unique<MatmulPlan>();
   // fp32 accumulation and fp32 alpha/beta for every dtype mix. CUBLAS_COMPUTE_32F (not
@@ -357,7 +403,12 @@ const CudaDevice::MatmulPlan& CudaDevice::matmul_plan(const PlanKey& key) {
   MT_CUDA(cublasLtMatrixLayoutCreate(&p->lt_a, abt, a_rows, a_cols, int64_t(a_rows)));
   MT_CUDA(cublasLtMatrixLayoutCreate(&p->lt_b, abt, b_rows, b_cols, int64_t(b_rows)));
   MT_CUDA(cublasLtMatrixLayoutCreate(&p->lt_c, ct, uint64_t(n), uint64_t(m), int64_t(n)));
+  return p;
+}
 
+CudaDevice::MatmulAlgo CudaDevice::matmul_heuristic(const MatmulPlan& plan, const PlanKey& key) {
+  const int align_a = std::get<7>(key), align_b = std::get<8>(key), align_c = std::get<9>(key);
+  ++heuristic_calls_;
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUDA(cublasLtMatmulPreferenceCreate(&pref));
   struct PrefGuard {
@@ -380,14 +431,26 @@ const CudaDevice::MatmulPlan& CudaDevice::matmul_plan(const PlanKey& key) {
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_, p->op, p->lt_a, p->lt_b, p->lt_c, p->lt_c, pref, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.lt_a, plan.lt_b, plan.lt_c, plan.lt_c, pref, 1, &result, &found);
   // NOT_SUPPORTED means no algorithm fits (cached as unusable: the caller stages through aligned
   // copies); other failures are real errors.
   if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
     cuda::check(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-  p->usable = st == CUBLAS_STATUS_SUCCESS && found >= 1 && result.state == CUBLAS_STATUS_SUCCESS;
-  if (p->usable) p->algo = result.algo;
-  return *plans_.emplace(key, std::move(p)).first->second;
+  MatmulAlgo out;
+  out.usable = st == CUBLAS_STATUS_SUCCESS && found >= 1 && result.state == CUBLAS_STATUS_SUCCESS;
+  if (out.usable) out.algo = result.algo;
+  return out;
+}
+
+CudaDevice::MatmulCacheStats CudaDevice::matmul_cache_stats() {
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  MatmulCacheStats st;
+  st.heuristic_calls = heuristic_calls_;
+  st.plans = plans_.size();
+  st.plan_capacity = plans_.capacity();
+  st.plan_evictions = plans_.evictions();
+  st.algorithms = algos_.size();
+  return st;
 }
 
 }  // namespace meshtrain

@@ -2,7 +2,9 @@
 /// @file CudaDevice: the CUDA backend of the Device interface (DESIGN.md, Core interfaces).
 /// Memory comes from a CachingAllocator over cudaMalloc (freed blocks are reused, so steady
 /// state never calls the synchronizing cudaFree). Kernels run in order on one compute stream;
-/// collectives (NcclCommunicator) run on a communication stream ordered against it by events.
+/// collectives run on communication streams ordered against it by events: each mesh
+/// dimension's NcclCommunicator on a stream of its own (create_comm_stream; the ordering rule
+/// is in comm/nccl/nccl_communicator.hpp), other transfers on comm_stream().
 /// GEMMs go through cuBLASLt with fp32 accumulation; every other kernel is ours.
 ///
 /// Dtypes: every kernel takes f32 tensors as the CPU backend does, and also bf16 for
@@ -23,8 +25,10 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "device/device.hpp"
+#include "device/gemm_plan_cache.hpp"
 
 namespace meshtrain {
 
@@ -46,7 +50,7 @@ class CudaDevice final : public Device {
   /// requested and cudaMemGetInfo's free / total bytes.
   /// @throws std::runtime_error naming the CUDA call when the GPU cannot be used.
   explicit CudaDevice(int ordinal);
-  /// Waits for both streams and frees everything; throws nothing. Every Tensor allocated on this
+  /// Waits for every stream and frees everything; throws nothing. Every Tensor allocated on this
   /// device must be released before (their storage returns to this device's allocator).
   ~CudaDevice() override;
   CudaDevice(const CudaDevice&) = delete;
@@ -54,8 +58,8 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return "cuda"; }
   Allocator* allocator() override { return alloc_.get(); }
-  /// Waits for both streams; throws std::out_of_range when a kernel flagged a bad token id and
-  /// std::runtime_error on an asynchronous CUDA error.
+  /// Waits for every stream (compute and communication); throws std::out_of_range when a
+  /// kernel flagged a bad token id and std::runtime_error on an asynchronous CUDA error.
   void synchronize() override;
   /// The datasheet bf16 peak of this GPU (measured = false); @throws std::runtime_error for
   /// a GPU missing from the table (MFU would be meaningless).
@@ -70,8 +74,18 @@ class CudaDevice final : public Device {
   /// collective launched next on comm_stream() sees the tensors the compute stream wrote. No
   /// host blocking. Call from the thread that queues work (it reuses one event).
   void comm_wait_for_compute();
-  /// Makes the compute stream wait for all communication queued so far. No host blocking.
+  /// Makes the compute stream wait for all communication queued so far on comm_stream() (not
+  /// on the streams of create_comm_stream). No host blocking.
   void compute_wait_for_comm();
+  /// A new non-blocking stream for one communicator's collectives, owned by this device:
+  /// synchronize() waits for it too, and it is destroyed with the device (after its work
+  /// finished). Call from the thread that queues work. @throws std::runtime_error on a CUDA
+  /// error.
+  cudaStream_t create_comm_stream();
+  /// Makes `stream` wait for all compute work queued so far (an event), as
+  /// comm_wait_for_compute() does for comm_stream(). No host blocking. Call from the thread
+  /// that queues work. @throws std::runtime_error on a CUDA error.
+  void stream_wait_for_compute(cudaStream_t stream);
 
   /// Copies `bytes` (≤ dst.nbytes()) from host memory into dst, in compute-stream order. The
   /// host buffer may be reused as soon as this returns: it is copied into one of a few pinned
@@ -181,6 +195,16 @@ class CudaDevice final : public Device {
   /// Device-side error flag (first bad id + 1, 0 = none) the id-checking kernels set.
   int* error_flag() const { return error_flag_; }
 
+  /// The matmul plan cache's state, for tests and diagnostics.
+  struct MatmulCacheStats {
+    int64_t heuristic_calls = 0;  ///< cublasLtMatmulAlgoGetHeuristic calls so far
+    size_t plans = 0;             ///< exact problems cached now (≤ plan_capacity)
+    size_t plan_capacity = 0;
+    int64_t plan_evictions = 0;
+    size_t algorithms = 0;        ///< bucketed problems with a cached heuristic answer
+  };
+  MatmulCacheStats matmul_cache_stats();
+
  private:
   /// Throws std::out_of_range("token id N is outside the vocabulary ...") when a kernel flagged
   /// a bad id since the last check, and clears the flag. Reads the flag in compute-stream
@@ -192,15 +216,28 @@ class CudaDevice final : public Device {
   /// freed buffer. The pointers stay valid until the next call with a larger n.
   double* reduce_scratch(int64_t n);
 
-  /// A cached cuBLASLt matmul: descriptors and the heuristic's best algorithm for one problem.
+  /// A cached cuBLASLt matmul: descriptors of one exact problem and the algorithm it runs.
   struct MatmulPlan;
+  /// The heuristic's answer for one bucketed problem (usable = false: no algorithm).
+  struct MatmulAlgo {
+    cublasLtMatmulAlgo_t algo{};
+    bool usable = false;
+  };
   /// (m, n, k, trans_a, trans_b, A/B dtype, C dtype, alignment of A, B, C in bytes ≤ 256).
   /// alpha and beta are not part of it: the heuristic does not see them, and an algorithm is
   /// valid for any scalars.
   using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int>;
-  /// The cached plan of `key`, created on first use (thread-safe); plan.usable is false when
-  /// cuBLASLt has no algorithm for it. @throws std::runtime_error on a cuBLASLt error.
-  const MatmulPlan& matmul_plan(const PlanKey& key);
+  /// The plan of `key` (thread-safe): from the LRU cache of exact problems, else built with the
+  /// algorithm the heuristic chose for the key with m and k bucketed (gemm_size_bucket; asked
+  /// once per bucket), when cublasLtMatmulAlgoCheck accepts it for the exact sizes and our
+  /// workspace — otherwise the heuristic is asked for the exact sizes. plan.usable is false when
+  /// cuBLASLt has no algorithm. @throws std::runtime_error on a cuBLASLt error.
+  std::shared_ptr<const MatmulPlan> matmul_plan(const PlanKey& key);
+  /// The descriptors (operation, layouts) of `key`'s problem, no algorithm yet.
+  std::unique_ptr<MatmulPlan> matmul_descriptors(const PlanKey& key);
+  /// cublasLtMatmulAlgoGetHeuristic's best algorithm for `plan`'s descriptors and `key`'s
+  /// alignments. Counts heuristic_calls. @throws std::runtime_error on a cuBLASLt error.
+  MatmulAlgo matmul_heuristic(const MatmulPlan& plan, const PlanKey& key);
   /// Frees every CUDA resource this object holds (null handles skipped); throws nothing.
   void release_resources() noexcept;
 
@@ -209,6 +246,7 @@ class CudaDevice final : public Device {
   int cc_major_ = 0, cc_minor_ = 0;
   std::unique_ptr<CachingAllocator> alloc_;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  std::vector<cudaStream_t> comm_streams_;  // create_comm_stream()'s, one per communicator
   cudaEvent_t compute_done_ = nullptr, comm_done_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
@@ -218,7 +256,12 @@ class CudaDevice final : public Device {
   double* host_scratch_ = nullptr;  // pinned
   int64_t scratch_n_ = 0;
   std::mutex plan_mu_;
-  std::map<PlanKey, std::unique_ptr<MatmulPlan>> plans_;
+  // Exact problems seen recently (a bound: MoE's row counts change every step) and the
+  // heuristic's algorithms per bucketed problem (bounded by the buckets: 8 per octave of m, k).
+  static constexpr size_t kMaxMatmulPlans = 1024;
+  LruCache<PlanKey, std::shared_ptr<MatmulPlan>> plans_{kMaxMatmulPlans};
+  std::map<PlanKey, MatmulAlgo> algos_;
+  int64_t heuristic_calls_ = 0;
   // Pinned bounce buffers of upload(), used round-robin; stage_done_[i] is recorded on the
   // compute stream after the copy out of buffer i, so the buffer is refilled only after it.
   static constexpr int kStageSlots = 4;

@@ -1,9 +1,15 @@
 // CUDA kernels: token embedding lookup (a vocab-parallel shard of the table) and its gradient.
 //
 // The backward is deterministic: token positions are sorted by row with CUB's stable radix sort,
-// then one block per distinct row sums that row's gradients in token order and adds the sum to
-// grad_weight once. No float atomics, so a run is bitwise reproducible (doc/architecture.md,
-// Determinism), at the cost of a sort of N int32 keys (tens of microseconds at N = 8192).
+// then the sorted positions are cut into chunks of S (fixed by N alone) and each run of equal
+// rows into its pieces inside those chunks. One block per piece sums its gradients in token
+// order; a run inside one chunk adds its sum to grad_weight at once, a run across chunks leaves
+// one partial sum per chunk, which a second kernel adds up in chunk order. So a frequent token
+// (a run of thousands of positions) is summed by many blocks in parallel instead of serially by
+// one — the long tail of the former one-block-per-run kernel — and the order of every sum is
+// still fixed by the shapes: no float atomics, a run is bitwise reproducible
+// (doc/architecture.md, Determinism), at the cost of a sort of N int32 keys (tens of
+// microseconds at N = 8192).
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -67,20 +73,37 @@ __global__ void embedding_keys_kernel(const int32_t* __restrict__ tokens, int64_
   }
 }
 
-/// For each run of equal sorted keys (one block per run start, grid-stride over positions):
-/// grad_weight[key, :] += Σ_{r in run} grad_out[pos[r], :], summed in f32 in token order.
-/// Threads own VEC-column slices of the row, so no two threads touch one element.
+/// Positions per chunk of the sorted keys for N tokens: a power of two ≥ 128 giving at most 256
+/// chunks, so the partial sums take at most 512 rows of D floats.
+int64_t embedding_chunk(int64_t n) {
+  int64_t s = 128;
+  while (s * 256 < n) s *= 2;
+  return s;
+}
+
+/// Pass 1, one block per piece (grid-stride over positions): a piece starts at a run start or
+/// at a chunk boundary inside a run, and ends at the run's or the chunk's end. Its rows are
+/// summed in f32 in token order; a piece that is a whole run adds the sum to grad_weight[key],
+/// the others store it in partial[chunk][slot] — slot 0 for the piece at the chunk's start of a
+/// run begun earlier, slot 1 for the chunk's last piece of a run that goes on (one of each at
+/// most per chunk). Threads own VEC-column slices of the row, so no two threads touch one
+/// element.
 template <class T, int VEC>
 __global__ void __launch_bounds__(256)
-    embedding_backward_kernel(const T* __restrict__ grad_out, const uint32_t* __restrict__ keys,
-                              const int32_t* __restrict__ pos, int64_t n, int d, uint32_t skip_key,
-                              float* __restrict__ grad_weight) {
+    embedding_backward_pieces_kernel(const T* __restrict__ grad_out, const uint32_t* __restrict__ keys,
+                                     const int32_t* __restrict__ pos, int64_t n, int d, int64_t chunk,
+                                     uint32_t skip_key, float* __restrict__ grad_weight, float* __restrict__ partial) {
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const uint32_t key = keys[i];
-    if (key == skip_key || (i > 0 && keys[i - 1] == key)) continue;  // not a run start
+    const bool begun_earlier = i > 0 && keys[i - 1] == key;
+    if (key == skip_key || (begun_earlier && i % chunk != 0)) continue;  // not a piece start
+    const int64_t chunk_end = min(n, (i / chunk + 1) * chunk);
     int64_t end = i + 1;
-    while (end < n && keys[end] == key) ++end;
-    float* dst = grad_weight + int64_t(key) * d;
+    while (end < chunk_end && keys[end] == key) ++end;
+    const bool goes_on = end == chunk_end && end < n && keys[end] == key;
+    const bool whole_run = !begun_earlier && !goes_on;
+    float* dst = whole_run ? grad_weight + int64_t(key) * d
+                           : partial + ((i / chunk) * 2 + (begun_earlier ? 0 : 1)) * int64_t(d);
     for (int c = threadIdx.x * VEC; c < d; c += blockDim.x * VEC) {
       float acc[VEC];
 #pragma unroll
@@ -89,6 +112,42 @@ __global__ void __launch_bounds__(256)
       for (int64_t r = i; r < end; ++r) {
         float g[VEC];
         load_vec<T, VEC>(grad_out + int64_t(pos[r]) * d + c, g);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] += g[k];
+      }
+      if (whole_run) {
+        float cur[VEC];
+        load_vec<float, VEC>(dst + c, cur);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] += cur[k];
+      }
+      store_vec<float, VEC>(dst + c, acc);
+    }
+  }
+}
+
+/// Pass 2, one block per run that crosses a chunk boundary (grid-stride over positions):
+/// grad_weight[key] += partial[c0][1] + Σ_{c = c0+1 … c1} partial[c][0], in chunk order, where
+/// c0 is the chunk of the run's start and c1 the last chunk whose first position is in the run.
+template <int VEC>
+__global__ void __launch_bounds__(256)
+    embedding_backward_runs_kernel(const uint32_t* __restrict__ keys, int64_t n, int d, int64_t chunk,
+                                   uint32_t skip_key, const float* __restrict__ partial,
+                                   float* __restrict__ grad_weight) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const uint32_t key = keys[i];
+    if (key == skip_key || (i > 0 && keys[i - 1] == key)) continue;  // not a run start
+    const int64_t c0 = i / chunk;
+    if ((c0 + 1) * chunk >= n || keys[(c0 + 1) * chunk] != key) continue;  // inside one chunk: done in pass 1
+    int64_t c1 = c0 + 1;
+    while ((c1 + 1) * chunk < n && keys[(c1 + 1) * chunk] == key) ++c1;
+    float* dst = grad_weight + int64_t(key) * d;
+    for (int c = threadIdx.x * VEC; c < d; c += blockDim.x * VEC) {
+      float acc[VEC];
+      load_vec<float, VEC>(partial + (c0 * 2 + 1) * int64_t(d) + c, acc);
+      for (int64_t ch = c0 + 1; ch <= c1; ++ch) {
+        float g[VEC];
+        load_vec<float, VEC>(partial + ch * 2 * int64_t(d) + c, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) acc[k] += g[k];
       }
@@ -103,11 +162,17 @@ __global__ void __launch_bounds__(256)
 
 template <class T, int VEC>
 void launch_embedding_backward(const Tensor& grad_out, const uint32_t* keys, const int32_t* pos, int64_t n, int d,
-                               uint32_t skip_key, const Tensor& grad_weight, cudaStream_t stream) {
+                               uint32_t skip_key, const Tensor& grad_weight, float* partial, cudaStream_t stream) {
   const int threads = std::min(256, round_up_warp(ceil_div(d, VEC)));
-  embedding_backward_kernel<T, VEC><<<unsigned(std::min(n, kMaxGrid)), threads, 0, stream>>>(
-      static_cast<const T*>(grad_out.raw()), keys, pos, n, d, skip_key, grad_weight.f32());
-  MT_CUDA_LAUNCH("embedding_backward_kernel");
+  const int64_t chunk = embedding_chunk(n);
+  const unsigned grid = unsigned(std::min(n, kMaxGrid));
+  embedding_backward_pieces_kernel<T, VEC><<<grid, threads, 0, stream>>>(
+      static_cast<const T*>(grad_out.raw()), keys, pos, n, d, chunk, skip_key, grad_weight.f32(), partial);
+  MT_CUDA_LAUNCH("embedding_backward_pieces_kernel");
+  if (n <= chunk) return;  // one chunk: no run crosses a boundary
+  embedding_backward_runs_kernel<VEC><<<grid, threads, 0, stream>>>(keys, n, d, chunk, skip_key, partial,
+                                                                     grad_weight.f32());
+  MT_CUDA_LAUNCH("embedding_backward_runs_kernel");
 }
 
 }  // namespace
@@ -146,8 +211,9 @@ void CudaDevice::embedding_forward(const Tensor& weight, const Tensor& tokens, c
 
 /// grad_weight [V_local, D] (f32) += grad_out [N, D] (f32 or bf16) rows scattered by tokens i32
 /// [N] − vocab_start; ids outside the shard are skipped (no error: the forward checked them).
-/// Deterministic (sorted, fixed-order sums; see the file comment). Temporaries: 4·N int32 plus
-/// CUB's sort workspace, from the caching allocator. @throws std::invalid_argument on shapes
+/// Deterministic (sorted, fixed-order sums; see the file comment). Temporaries: 4·N int32,
+/// CUB's sort workspace and 2·⌈N / S⌉·D floats of partial sums (S = 128 or more, ≤ 256
+/// chunks), from the caching allocator. @throws std::invalid_argument on shapes
 /// or dtypes, or N ≥ 2³¹.
 void CudaDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens, const Tensor& grad_weight,
                                     int64_t vocab_start) {
@@ -184,14 +250,17 @@ void CudaDevice::embedding_backward(const Tensor& grad_out, const Tensor& tokens
   MT_CUDA(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, keys_in, keys_out, pos_in, pos_out, int(n), 0,
                                           end_bit, compute_));
 
-  const bool aligned = aligned16(grad_out.raw()) && aligned16(grad_weight.raw());
+  // Two partial rows per chunk (see the file comment); never read before pass 1 wrote them.
+  const int64_t chunks = ceil_div(n, embedding_chunk(n));
+  Tensor partial = Tensor::empty(allocator(), {chunks * 2 * d}, DType::kF32, MemCategory::kTemporaries);
+  const bool aligned = aligned16(grad_out.raw()) && aligned16(grad_weight.raw()) && aligned16(partial.raw());
   MT_DISPATCH_FLOAT(grad_out.dtype(), T, {
     if (aligned && d % kVec<T> == 0)
       launch_embedding_backward<T, kVec<T>>(grad_out, keys_out, pos_out, n, int(d), uint32_t(v_local), grad_weight,
-                                            compute_);
+                                            partial.f32(), compute_);
     else
       launch_embedding_backward<T, 1>(grad_out, keys_out, pos_out, n, int(d), uint32_t(v_local), grad_weight,
-                                      compute_);
+                                      partial.f32(), compute_);
   });
 }
 
