@@ -1,43 +1,53 @@
 #!/usr/bin/env bash
-# gpu-session.sh: the GPU checks of a meshtrain build in one call on a GPU machine that has
-# none of our Debian libraries (the device machines lent to development sessions: one H100 or
-# H200, CUDA 13, PyTorch and transformers, no network). Runs, in priority order, each step
-# under its own time limit so that the whole fits one call:
-#   1. env          nvidia-smi, nvcc, the Python packages used below
-#   2. unit         the gpu-labelled test programs (kernels, matmul, attention, MoE, a whole
-#                   training step against the CPU backend) and the communicator tests (NCCL
-#                   mesh smoke, test_cuda_comm on 2 ranks sharing the GPU)
-#   3. sanitizer    compute-sanitizer memcheck and racecheck over the kernel tests
-#   4. curves       the 200-step loss curves of the debug decks against the CPU (single rank;
-#                   FSDP 2, TP 2 and MoE at ep 2 on 2 ranks), tests/gpu/loss_curve.py
-#   5. export       `meshtrain ckpt export` loaded by transformers (validation/
-#                   check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
-#   6. bench        perf/gpu_step_bench.py (Llama 3.2 1B shape; PyTorch eager and compile; no
-#                   nsys, which cannot make a report on those machines)
-# Every step's output goes to a log; the logs come back as one tarball beside summary.txt (the
-# device tool returns at most 8 files). BUDGET_S (default 540) bounds the whole run: a step
-# whose time limit no longer fits is reported NOT RUN, so a call never outlasts its limit.
-# All steps need more than one call's 10 minutes: run them as, e.g., three calls
-#   ... env unit sanitizer  /  ... curves export  /  ... bench
+# gpu-session.sh: the GPU checks of a meshtrain build on a GPU machine that has none of our
+# Debian libraries (the device machines lent to development sessions: one H100 or H200, CUDA 13,
+# PyTorch and transformers, no network), sized so that one window (15 minutes of device time,
+# 1-2 of them to start the machine, at most 10 minutes per command) runs them all as two
+# commands issued back to back:
+#   first   (BUDGET_S 470, under the 8-minute mark)
+#     env        nvidia-smi, nvcc, the Python packages used below, compute-sanitizer
+#     unit       the gpu-labelled test programs: kernels, matmul, attention, MoE, then
+#                test_cuda_train_step (a whole training step against the CPU backend)
+#     nccl       the single-rank NCCL mesh smoke, then test_cuda_comm (2 ranks sharing the GPU)
+#     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
+#                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
+#     sanitizer  compute-sanitizer memcheck, only over the kernel test programs that failed
+#                above and only their failed test cases (nothing to do when all passed)
+#   second  (BUDGET_S 230, under the 4-minute mark)
+#     export     `meshtrain ckpt export` loaded by transformers (validation/
+#                check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
+#     bench      perf/gpu_step_bench.py at local batch 4 (no batch search, no nsys)
+# Each step runs under its own time limit, cut to what is left of BUDGET_S; a step that no longer
+# fits is reported NOT RUN, so a command never outlasts its slot. Every step writes a log; the
+# logs come back as one tarball, logs.tar.gz, beside summary.txt (and gpu_bench.json).
 #
-# Build and pack here (no GPU needed), then carry the tarball:
+# Build and pack here (no GPU needed; sm_90 only), then carry the tarball:
+#   make gpu-session-bundle      # the same as:
 #   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_SHARED_LIBS=ON \
 #         -DMESHTRAIN_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90 -DMESHTRAIN_CUDA=ON
-#   cmake --build build-gpu -j 2 --target meshtrain gpu-tests
+#   cmake --build build-gpu -j 2 --target gpu-tests
 #   BUNDLE_TESTS=1 BUNDLE_CUDA_LIBS=0 scripts/make-bundle.sh build-gpu
 # On the GPU machine, from the repository root:
-#   OUT=/some/dir [DATA=tiny.h5] scripts/gpu-session.sh build-gpu/meshtrain-bundle-*.tar.gz [STEP...]
-# STEP names limit the run to those steps (default: all, in the order above). DATA: the
+#   OUT=/some/dir DATA=tiny.h5 scripts/gpu-session.sh build-gpu/meshtrain-bundle-*.tar.gz first
+#   OUT=/some/dir DATA=tiny.h5 scripts/gpu-session.sh build-gpu/meshtrain-bundle-*.tar.gz second
+# Step names after the command limit it to those steps (a rerun after a fix). DATA: the
 # equivalence tests' token corpus (build/tests/equivalence/tiny.h5), else made here (perl).
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 on a usage error.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 tarball=${1:-}
-[ -n "$tarball" ] && [ -f "$tarball" ] || { echo "usage: OUT=DIR $0 BUNDLE.tar.gz [STEP...]" >&2; exit 2; }
-shift
+command=${2:-}
+usage() { echo "usage: OUT=DIR [DATA=tiny.h5] $0 BUNDLE.tar.gz first|second [STEP...]" >&2; exit 2; }
+[ -n "$tarball" ] && [ -f "$tarball" ] || usage
+case "$command" in
+  first) all_steps=(env unit nccl curves sanitizer); default_budget=470 ;;
+  second) all_steps=(export bench); default_budget=230 ;;
+  *) usage ;;
+esac
+shift 2
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(env unit sanitizer curves export bench)
+[ ${#steps[@]} -gt 0 ] || steps=("${all_steps[@]}")
 out=${OUT:-/tmp/gpu-session-out}
 work=/tmp/gpu-session
 logs=$work/logs
@@ -47,8 +57,9 @@ summary=$out/summary.txt
 : > "$summary"
 failed=0
 
-budget=${BUDGET_S:-540}
+budget=${BUDGET_S:-$default_budget}
 note() { echo "$*" | tee -a "$summary"; }
+note "gpu-session $command: steps ${steps[*]}, budget ${budget} s"
 # step NAME LIMIT_S CMD...: runs CMD with a time limit (cut to what is left of BUDGET_S), its
 # output in logs/NAME.log.
 run_step() {
@@ -105,54 +116,63 @@ if [ ! -f "$data" ]; then
     note "WARN  no token corpus (logs/corpus.log): the curves and export steps will fail"
 fi
 
+kernel_tests=(test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_moe test_cuda_train_step)
+
 if wanted env; then
-  run_step env 60 bash -c 'nvidia-smi; nvcc --version; python3 -c "import torch, transformers, h5py; print(\"torch\", torch.__version__, torch.cuda.get_device_name(0)); print(\"transformers\", transformers.__version__)"; compute-sanitizer --version'
+  run_step env 30 bash -c 'nvidia-smi; nvcc --version; python3 -c "import torch, transformers, h5py; print(\"torch\", torch.__version__, torch.cuda.get_device_name(0)); print(\"transformers\", transformers.__version__)"; compute-sanitizer --version'
 fi
 
 if wanted unit; then
-  for t in test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_moe test_cuda_train_step; do
-    run_step "$t" 180 "$B/bin/$t" --log_level=test_suite --report_level=short
+  for t in "${kernel_tests[@]}"; do
+    run_step "$t" 90 "$B/bin/$t" --log_level=test_suite --report_level=short
   done
-  run_step nccl_mesh_smoke 120 mpirun -np 1 "$B/bin/nccl_mesh_smoke"
-  run_step test_cuda_comm 240 mpirun -np 2 "$B/bin/test_cuda_comm" --report_level=short
 fi
 
-if wanted sanitizer; then
-  for tool in memcheck racecheck; do
-    run_step "sanitizer_$tool" 180 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      "$B/bin/test_cuda_kernels" --report_level=short
-  done
+if wanted nccl; then
+  run_step nccl_mesh_smoke 45 mpirun -np 1 "$B/bin/nccl_mesh_smoke"
+  run_step test_cuda_comm 90 mpirun -np 2 "$B/bin/test_cuda_comm" --log_level=test_suite --report_level=short
 fi
 
 if wanted curves; then
   printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
   chmod +x "$work/mpirun"
-  for deck in llama3_debug qwen3_debug; do
-    run_step "curve_$deck" 300 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
-      --deck "$root/inputs/$deck.toml" --data "$data" --out "$work/curve_$deck" --steps 200 --precision bfloat16
-  done
-  run_step curve_llama3_debug_fsdp2 300 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
-    --deck "$root/inputs/llama3_debug.toml" --data "$data" --out "$work/curve_fsdp2" --steps 200 \
-    --precision bfloat16 --np 2 --mpirun "$work/mpirun" -- --parallelism.data_parallel_shard_degree=2 \
-    --training.mixed_precision_reduce=bfloat16
-  run_step curve_llama3_debug_tp2 300 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
-    --deck "$root/inputs/llama3_debug.toml" --data "$data" --out "$work/curve_tp2" --steps 200 \
-    --precision bfloat16 --np 2 --mpirun "$work/mpirun" -- --parallelism.tensor_parallel_degree=2 \
-    --parallelism.data_parallel_shard_degree=1
-  run_step curve_llama3_debug_moe_ep2 300 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
-    --deck "$root/inputs/llama3_debug.toml" --data "$data" --out "$work/curve_moe_ep2" --steps 200 \
-    --precision bfloat16 --np 2 --mpirun "$work/mpirun" -- --parallelism.data_parallel_shard_degree=2 \
+  curve() {  # curve NAME DECK NP [OVERRIDES...]: 100 bf16 steps on the GPU against the CPU
+    local name=$1 deck=$2 np=$3
+    shift 3
+    run_step "curve_$name" 120 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
+      --deck "$root/inputs/$deck.toml" --data "$data" --out "$work/curve_$name" --steps 100 \
+      --precision bfloat16 --np "$np" --mpirun "$work/mpirun" -- "$@"
+  }
+  curve llama3_debug llama3_debug 1
+  curve qwen3_debug qwen3_debug 1
+  curve llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
     --model.n_dense_layers=1
 fi
 
+if wanted sanitizer; then
+  # Only where a kernel test failed: its failed cases (Boost's 'error: in "CASE"' lines), or the
+  # whole program when it died without naming one.
+  ran=0
+  for t in "${kernel_tests[@]}"; do
+    grep -q "^FAIL  $t " "$summary" || continue
+    cases=$(grep -o 'error: in "[^"]*"' "$logs/$t.log" 2>/dev/null | sed 's/^error: in "\(.*\)"$/\1/' | sort -u |
+      paste -sd, -)
+    run_step "sanitizer_$t" 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/bin/$t" \
+      --report_level=short ${cases:+--run_test=$cases}
+    ran=1
+  done
+  [ $ran -eq 1 ] || note "SKIP  sanitizer  (no kernel test failed)"
+fi
+
 if wanted export; then
-  run_step export 240 python3 "$root/validation/check_export_transformers.py" --meshtrain "$B/bin/meshtrain" \
+  run_step export 70 python3 "$root/validation/check_export_transformers.py" --meshtrain "$B/bin/meshtrain" \
     --dump-grads "$B/bin/dump_grads" --data "$data" --out "$work/export" --tol 1e-5
 fi
 
 if wanted bench; then
-  run_step bench 500 python3 "$root/perf/gpu_step_bench.py" --build "$B" --no-nsys --out "$work/gpu_bench.json"
+  run_step bench 150 python3 "$root/perf/gpu_step_bench.py" --build "$B" --no-nsys --batch 4 --steps 12 --warmup 4 \
+    --trial-timeout 60 --out "$work/gpu_bench.json"
   [ -f "$work/gpu_bench.json" ] && cp "$work/gpu_bench.json" "$out/gpu_bench.json"
 fi
 
