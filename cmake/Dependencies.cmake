@@ -55,6 +55,14 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 add_library(meshtrain_xxhash INTERFACE)
 target_link_libraries(meshtrain_xxhash INTERFACE PkgConfig::XXHASH)
 
+# Tokenizers (src/data): PCRE2 with its JIT runs the pre-tokenizer regexes, utf8proc does NFC,
+# zlib reads gzip-compressed JSON Lines corpora.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+find_package(ZLIB REQUIRED)
+add_library(meshtrain_text INTERFACE)
+target_link_libraries(meshtrain_text INTERFACE PkgConfig::PCRE2 PkgConfig::UTF8PROC ZLIB::ZLIB)
+
 find_program(MPIEXEC_BIN NAMES mpirun mpiexec REQUIRED)
 # Debian's Python with torch/h5py/numpy; the first python3 on PATH may be another interpreter.
 find_program(MESHTRAIN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)

@@ -1,106 +1,65 @@
 #include "data/tokenizer.hpp"
 
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
-
+#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unordered_map>
 
+#include "data/byte_level_bpe_tokenizer.hpp"
+#include "data/sentencepiece_tokenizer.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
 
+namespace fs = std::filesystem;
+
 namespace {
 
-// Feeds the corpus to the trainer line by line without a temporary file.
-class LineIterator final : public sentencepiece::SentenceIterator {
- public:
-  explicit LineIterator(const std::vector<Document>& docs) : docs_(docs) { advance(); }
-  bool done() const override { return doc_ >= docs_.size(); }
-  void Next() override { advance(); }
-  const std::string& value() const override { return line_; }
-  sentencepiece::util::Status status() const override { return {}; }
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw DataError(p.string() + ": cannot read tokenizer file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
- private:
-  void advance() {
-    while (doc_ < docs_.size()) {
-      const std::string& t = docs_[doc_].text;
-      if (pos_ >= t.size()) {
-        ++doc_, pos_ = 0;
-        continue;
-      }
-      size_t end = t.find('\n', pos_);
-      if (end == std::string::npos) end = t.size();
-      line_ = t.substr(pos_, end - pos_);
-      pos_ = end + 1;
-      if (line_.find_first_not_of(" \t\r") != std::string::npos) return;
-    }
-  }
-  const std::vector<Document>& docs_;
-  size_t doc_ = 0, pos_ = 0;
-  std::string line_;
-};
+// A tiktoken rank file is text: every line "<base64> <decimal rank>".
+bool looks_like_tiktoken(const std::string& b) {
+  const size_t end = std::min(b.find('\n'), b.size());
+  const size_t sp = b.find(' ');
+  return end > 0 && sp != std::string::npos && sp < end && sp > 0 &&
+         b.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") == sp &&
+         b.find_first_not_of("0123456789", sp + 1) == end;
+}
 
 }  // namespace
 
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
-Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
-Tokenizer::~Tokenizer() = default;
-
-Tokenizer Tokenizer::train(const std::vector<Document>& docs, int64_t vocab_size) {
-  if (vocab_size < 300 || vocab_size > 1000000)
-    throw DataError("--vocab-size " + std::to_string(vocab_size) + " is out of range [300, 1000000] (byte fallback needs 259 pieces)");
-  const std::unordered_map<std::string, std::string> args = {
-      {"model_type", "bpe"},          {"vocab_size", std::to_string(vocab_size)},
-      {"byte_fallback", "true"},      {"character_coverage", "1.0"},
-      {"hard_vocab_limit", "false"},  {"num_threads", "2"},
-      {"max_sentence_length", "65536"}, {"input_sentence_size", "2000000"},
-      {"shuffle_input_sentence", "false"}, {"unk_id", "0"}, {"bos_id", "1"}, {"eos_id", "2"}, {"pad_id", "-1"},
-      {"minloglevel", "2"}};
-  LineIterator it(docs);
-  Tokenizer tok;
-  const auto st = sentencepiece::SentencePieceTrainer::Train(args, &it, &tok.model_);
-  if (!st.ok()) throw DataError("SentencePiece training failed: " + st.ToString());
-  const auto ls = tok.sp_->LoadFromSerializedProto(tok.model_);
-  if (!ls.ok()) throw DataError("SentencePiece model load failed: " + ls.ToString());
-  return tok;
+std::vector<int32_t> Tokenizer::encode_document(std::string_view text) const {
+  std::vector<int32_t> ids = encode(text);
+  if (adds_bos() && (ids.empty() || ids.front() != bos_id())) ids.insert(ids.begin(), bos_id());
+  ids.push_back(eos_id());
+  return ids;
 }
 
-Tokenizer Tokenizer::from_model_bytes(const std::string& bytes, const std::string& source) {
-  Tokenizer tok;
-  tok.model_ = bytes;
-  const auto st = tok.sp_->LoadFromSerializedProto(bytes);
-  if (!st.ok()) throw DataError(source + ": not a SentencePiece model (" + st.ToString() + ")");
-  return tok;
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return load_hf_assets_tokenizer(path);
+  const std::string bytes = read_file(path);
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') {
+    const fs::path cfg = fs::path(path).parent_path() / "tokenizer_config.json";
+    return ByteLevelBpeTokenizer::from_tokenizer_json(bytes, fs::is_regular_file(cfg, ec) ? read_file(cfg) : "", path);
+  }
+  if (looks_like_tiktoken(bytes)) return ByteLevelBpeTokenizer::from_tiktoken(bytes, path);
+  return SentencePieceTokenizer::from_model_bytes(bytes, path);
 }
 
-Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(path + ": cannot read tokenizer model");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return from_model_bytes(ss.str(), path);
+std::unique_ptr<Tokenizer> load_hf_assets_tokenizer(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw DataError(dir + ": not a folder (--hf-assets-path)");
+  const fs::path json = fs::path(dir) / "tokenizer.json", model = fs::path(dir) / "tokenizer.model";
+  if (fs::is_regular_file(json, ec)) return load_tokenizer(json.string());
+  if (fs::is_regular_file(model, ec)) return load_tokenizer(model.string());
+  throw DataError(dir + ": no tokenizer.json or tokenizer.model in the folder (--hf-assets-path)");
 }
-
-std::vector<int32_t> Tokenizer::encode_document(const std::string& text) const {
-  std::vector<int> ids;
-  const auto st = sp_->Encode(text, &ids);
-  if (!st.ok()) throw DataError("SentencePiece encode failed: " + st.ToString());
-  std::vector<int32_t> out(ids.begin(), ids.end());
-  out.push_back(eos_id());
-  return out;
-}
-
-std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::string out;
-  const auto st = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &out);
-  if (!st.ok()) throw DataError("SentencePiece decode failed: " + st.ToString());
-  return out;
-}
-
-int64_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
-int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
-int32_t Tokenizer::bos_id() const { return sp_->bos_id(); }
 
 }  // namespace meshtrain

@@ -11,6 +11,7 @@
 
 #include "data/corpus_reader.hpp"
 #include "data/loader.hpp"
+#include "data/sentencepiece_tokenizer.hpp"
 #include "data/stats.hpp"
 #include "data/token_store_writer.hpp"
 #include "util/errors.hpp"
@@ -44,9 +45,9 @@ std::vector<Document> synthetic_docs(int n) {
   return docs;
 }
 
-const Tokenizer& tokenizer() {
-  static const Tokenizer tok = Tokenizer::train(synthetic_docs(40), 320);
-  return tok;
+const SentencePieceTokenizer& tokenizer() {
+  static const auto tok = SentencePieceTokenizer::train(synthetic_docs(40), 320);
+  return *tok;
 }
 
 std::string store_path() {
@@ -63,16 +64,16 @@ bool has(const std::string& s, const std::string& sub) { return s.find(sub) != s
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(tokenizer_round_trip) {
-  const Tokenizer& tok = tokenizer();
+  const SentencePieceTokenizer& tok = tokenizer();
   BOOST_TEST(tok.vocab_size() <= 320);
   const auto ids = tok.encode_document("the jury said the river was closed.");
   BOOST_TEST(ids.back() == tok.eos_id());
   BOOST_TEST(tok.decode(std::vector<int32_t>(ids.begin(), ids.end() - 1)) == "the jury said the river was closed.");
   const auto odd = tok.encode_document("zebra ünïcode");  // unseen characters: byte fallback
   BOOST_TEST(tok.decode(std::vector<int32_t>(odd.begin(), odd.end() - 1)) == "zebra ünïcode");
-  const Tokenizer again = Tokenizer::from_model_bytes(tok.model_bytes(), "memory");
-  BOOST_TEST(again.encode_document("the storm") == tok.encode_document("the storm"));
-  BOOST_CHECK_THROW(Tokenizer::from_model_bytes("garbage", "x.model"), DataError);
+  const auto again = SentencePieceTokenizer::from_model_bytes(tok.model_bytes(), "memory");
+  BOOST_TEST(again->encode_document("the storm") == tok.encode_document("the storm"));
+  BOOST_CHECK_THROW(SentencePieceTokenizer::from_model_bytes("garbage", "x.model"), DataError);
 }
 
 BOOST_AUTO_TEST_CASE(store_round_trip_and_dtype) {
