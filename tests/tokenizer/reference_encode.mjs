@@ -6,6 +6,8 @@
 //        node reference_encode.mjs make-tiktoken DIR OUT  (writes DIR's vocabulary as a rank file)
 // Prints, per document (each file whole, then each non-empty line), {"doc", "ids", "text", "nfc"}:
 // nfc is the document in Unicode NFC (String.prototype.normalize), for round-trip checks.
+// With BENCH_ROUNDS=R in the environment it times encoding each file whole instead and prints
+// {"bytes", "tokens", "best_seconds", "mb_per_s"} (perf/tokenize_bench.py).
 import fs from "node:fs";
 import path from "node:path";
 import { createRequire } from "node:module";
@@ -64,6 +66,19 @@ if (mode === "hf") {
 } else {
   console.error("usage: node reference_encode.mjs hf|tiktoken|make-tiktoken MODEL FILE...");
   process.exit(2);
+}
+if (process.env.BENCH_ROUNDS) {  // perf/tokenize_bench.py: each file whole, best of the rounds
+  const texts = files.map((f) => fs.readFileSync(f, "utf8"));
+  const bytes = files.reduce((s, f) => s + fs.statSync(f).size, 0);
+  let best = Infinity, tokens = 0;
+  for (let r = 0; r < Number(process.env.BENCH_ROUNDS); r++) {
+    const t0 = process.hrtime.bigint();
+    tokens = 0;
+    for (const t of texts) tokens += encode(t).length;
+    best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e9);
+  }
+  process.stdout.write(JSON.stringify({ bytes, tokens, best_seconds: best, mb_per_s: bytes / 1e6 / best }) + "\n");
+  process.exit(0);
 }
 for (const f of files)
   for (const [doc, text] of documents(f))
