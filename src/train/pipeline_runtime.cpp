@@ -40,6 +40,11 @@ PipelineRuntime::PipelineRuntime(Transformer& model, std::vector<PipelineStage> 
                                 std::to_string(microbatch_size_));
   actions_ = schedule_.ranks.at(size_t(pp.rank()));
   batches_ = communication_batches(actions_);
+  // Validation's lists, checked like the step's: they complete on a stream-ordered backend.
+  const PipelineSchedule eval = forward_only_schedule(schedule_);
+  check_stream_ordered(eval);
+  eval_actions_ = eval.ranks.at(size_t(pp.rank()));
+  eval_batches_ = communication_batches(eval_actions_);
   for (size_t i = 0; i < actions_.size(); ++i) {
     if (!is_backward(actions_[i].type)) continue;
     auto [it, fresh] = backward_span_.try_emplace(actions_[i].stage, i, i);
@@ -229,34 +234,49 @@ double PipelineRuntime::run(int64_t step) {
 EvalSums PipelineRuntime::evaluate(const int32_t* samples, int64_t n) {
   StepContext ctx = model_.make_context(samples, n, seq_len_, 0.0f, /*need_backward=*/false);
   const int last_stage = schedule_.num_stages() - 1;
+  std::map<int, Tensor> inputs;   // stage → its input: produced here, or received and waited for
+  std::map<int, Pending> receiving;  // stage → the receive of its input
   std::vector<Pending> sends;
-  for (const auto& [s, exec] : stages_) {  // ascending: a rank's stages in pipeline order
+  for (size_t i = 0, b = 0; i < eval_actions_.size();) {
+    if (b < eval_batches_.size() && eval_batches_[b].begin == i) {
+      // One batch, as check_stream_ordered() modelled it in the constructor.
+      std::vector<P2POp> ops;
+      for (; i < eval_batches_[b].end; ++i) {
+        const int s = eval_actions_[i].stage;
+        if (eval_actions_[i].type == ActionType::kSendActivation) {
+          ops.push_back({true, inputs.at(s + 1), schedule_.rank_of(s + 1), tag(kActivation, s + 1, 0)});
+          inputs.erase(s + 1);
+        } else {
+          Tensor in = model_.device().empty({tp_local_tokens(ctx.tp, n * ctx.seq_len), model_.args().dim},
+                                            ctx.act_dtype, MemCategory::kActivations);
+          ops.push_back({false, in, schedule_.rank_of(s - 1), tag(kActivation, s, 0)});
+        }
+      }
+      std::vector<std::unique_ptr<Work>> works = pp_.send_recv_batch(ops);
+      for (size_t k = 0; k < ops.size(); ++k) {
+        Pending p{ops[k].tensor, std::move(works[k])};
+        if (ops[k].send) sends.push_back(std::move(p));
+        else receiving[eval_actions_[eval_batches_[b].begin + k].stage] = std::move(p);
+      }
+      ++b;
+      continue;
+    }
+    const int s = eval_actions_[i++].stage;  // a forward
     Tensor in;
     if (s > 0) {
-      const int from = schedule_.rank_of(s - 1);
-      if (from == pp_.rank()) {
-        in = ready_.at({kActivation, s, -1});
-        ready_.erase({kActivation, s, -1});
-      } else {
-        in = model_.device().empty({tp_local_tokens(ctx.tp, n * ctx.seq_len), model_.args().dim}, ctx.act_dtype,
-                                   MemCategory::kActivations);
+      if (auto it = receiving.find(s); it != receiving.end()) {
         const auto t0 = std::chrono::steady_clock::now();
-        pp_.recv(in, from, tag(kActivation, s, 0))->wait();
+        it->second.work->wait();
         recv_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        inputs[s] = it->second.buffer;
+        receiving.erase(it);
       }
+      in = inputs.at(s);
+      inputs.erase(s);
     }
     sync_.begin_evaluation();
-    Tensor out = exec->forward_only(ctx, in);
-    if (s == last_stage) break;
-    const int to = schedule_.rank_of(s + 1);
-    if (to == pp_.rank()) {
-      ready_[{kActivation, s + 1, -1}] = out;
-    } else {
-      Pending p;
-      p.buffer = out;
-      p.work = pp_.send(out, to, tag(kActivation, s + 1, 0));
-      sends.push_back(std::move(p));
-    }
+    Tensor out = exec_of(s).forward_only(ctx, in);
+    if (s != last_stage) inputs[s + 1] = out;  // for F(s + 1) here, or SEND_F
   }
   for (Pending& p : sends) p.work->wait();
   return {ctx.loss_sum, ctx.num_targets};

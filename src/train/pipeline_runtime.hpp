@@ -67,7 +67,9 @@ class PipelineRuntime final : public StepSchedule {
   /// stages' backward of that micro-batch receives ([debug] inject_nonfinite_grad_*, so a rank
   /// without the loss can be the faulty one). All references must outlive the runtime.
   /// @throws std::invalid_argument when `stages` are not this rank's, or local_batch is not a
-  /// multiple of microbatch_size · m … (config validation rejects such decks first).
+  /// multiple of microbatch_size · m … (config validation rejects such decks first);
+  /// ScheduleError when validation's forward-only lists would not complete on a
+  /// stream-ordered backend (check_stream_ordered; never for a generated schedule).
   PipelineRuntime(Transformer& model, std::vector<PipelineStage> stages, PipelineSchedule schedule, GradientSync& sync,
                   const DataLoader& loader, const ParallelContext& pc, Communicator& pp, int64_t local_batch,
                   int64_t microbatch_size, int64_t seq_len, int64_t rounds, float loss_grad_scale,
@@ -77,9 +79,11 @@ class PipelineRuntime final : public StepSchedule {
   /// Runs the step's rounds. Returns this rank's summed cross-entropy (nats; 0 unless it holds
   /// the last stage). @throws CommError (a receive past its deadline, a failed send).
   double run(int64_t step) override;
-  /// Forward only of `n` samples through the pipeline, stage after stage (validation); every
-  /// rank of the pp group calls it with the same samples. Returns {loss sum, targets}, non-zero
-  /// on the rank holding the last stage. @throws CommError.
+  /// Forward only of `n` samples through the pipeline, stage after stage (validation): this
+  /// rank's list of forward_only_schedule(), each run of communication actions posted as one
+  /// batch — the lists check_stream_ordered() accepted in the constructor. Every rank of the pp
+  /// group calls it with the same samples. Returns {loss sum, targets}, non-zero on the rank
+  /// holding the last stage. @throws CommError.
   EvalSums evaluate(const int32_t* samples, int64_t n) override;
   std::string describe() const override;
   /// Seconds this rank waited in receives (pipeline bubbles and transfer time) since the last
@@ -115,6 +119,8 @@ class PipelineRuntime final : public StepSchedule {
   std::function<bool(int64_t)> poisoned_;
   std::vector<Action> actions_;                       // this rank's list
   std::vector<CommBatch> batches_;                    // its runs of SEND / RECV, posted together
+  std::vector<Action> eval_actions_;                  // this rank's list of forward_only_schedule()
+  std::vector<CommBatch> eval_batches_;
   std::map<int, std::pair<size_t, size_t>> backward_span_;  // stage → its first and last B / W action
 
   // Per round.

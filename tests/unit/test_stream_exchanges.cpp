@@ -1,7 +1,8 @@
 // Every point-to-point exchange the trainer posts, checked under the stream-ordered model of
 // NCCL (parallel/pipeline/stream_order.hpp) on the CPU: the pipeline schedules' action lists
-// (also in test_pp_schedule) and, recorded from the real code with StreamRecorder, the tied
-// embedding's gradient sum between the first and the last stage. The former tied exchange (a
+// (also in test_pp_schedule), validation's forward-only lists (which PipelineRuntime::evaluate
+// runs) and, recorded from the real code with StreamRecorder, the tied embedding's gradient
+// sum between the first and the last stage. The former tied exchange (a
 // receive and a send posted as two calls on both ranks, which hangs Llama 3.2 1B / 3B and small
 // Qwen3 under pp ≥ 2 on NCCL) is rejected by the same check.
 #define BOOST_TEST_MODULE stream_exchanges
@@ -138,5 +139,24 @@ BOOST_AUTO_TEST_CASE(schedules_run_through_the_same_model) {
     const std::vector<StreamProgram> programs = schedule_programs(s);
     BOOST_TEST(programs.size() == 4u);
     BOOST_TEST(rejection(programs) == "", name);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(validation_forward_lists_run_through_the_same_model) {
+  // PipelineRuntime::evaluate runs forward_only_schedule()'s lists; every placement, v and pp.
+  for (const std::string& name : schedule_names()) {
+    for (int pp = 2; pp <= 6; ++pp) {
+      const int v = name == "ZBVZeroBubble" ? 2 : is_multi_stage(name) ? 3 : 1;
+      const PipelineSchedule s = make_schedule(name, pp, 2 * pp, v);
+      const PipelineSchedule f = forward_only_schedule(s);
+      BOOST_TEST_CONTEXT(name << " pp " << pp) {
+        BOOST_TEST(rejection(schedule_programs(f)) == "");
+        // Each stage runs once, and each rank's stages ascend.
+        size_t forwards = 0;
+        for (const auto& list : f.ranks)
+          for (const Action& a : list) forwards += a.type == ActionType::kForward;
+        BOOST_TEST(forwards == size_t(s.num_stages()));
+      }
+    }
   }
 }

@@ -485,4 +485,25 @@ void validate_schedule(const PipelineSchedule& s) {
   check_stream_ordered(s);
 }
 
+PipelineSchedule forward_only_schedule(const PipelineSchedule& s) {
+  PipelineSchedule f;
+  f.name = s.name + " forward only";
+  f.pp = s.pp;
+  f.stages_per_rank = s.stages_per_rank;
+  f.microbatches = 1;
+  f.placement = s.placement;
+  f.ranks.resize(size_t(s.pp));
+  const int last = s.num_stages() - 1;
+  for (int r = 0; r < s.pp; ++r) {
+    std::vector<int> stages = s.stages_of(r);
+    std::sort(stages.begin(), stages.end());
+    for (int st : stages) {
+      if (st > 0 && s.rank_of(st - 1) != r) f.ranks[size_t(r)].push_back({ActionType::kRecvActivation, st, 0});
+      f.ranks[size_t(r)].push_back({ActionType::kForward, st, 0});
+      if (st < last && s.rank_of(st + 1) != r) f.ranks[size_t(r)].push_back({ActionType::kSendActivation, st, 0});
+    }
+  }
+  return f;
+}
+
 }  // namespace meshtrain

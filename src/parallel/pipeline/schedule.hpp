@@ -103,6 +103,14 @@ void check_schedule_rules(const std::string& name, int pp, int microbatches, int
 /// @throws ScheduleError as check_schedule_rules().
 PipelineSchedule make_schedule(const std::string& name, int pp, int microbatches, int stages_per_rank);
 
+/// The forward-only schedule of validation over `s`'s stages and placement: one micro-batch
+/// (0), each rank running its stages in ascending order — RECV_F before F when the previous
+/// stage lives on another rank, SEND_F after it when the next one does. PipelineRuntime::
+/// evaluate runs exactly these lists (each run of communication actions as one batch), and
+/// they pass check_stream_ordered (stages ascend along the pipeline, so every receive's sender
+/// runs its forward first). Throws nothing for a schedule that rank_of accepts.
+PipelineSchedule forward_only_schedule(const PipelineSchedule& s);
+
 /// Adds the communication actions a list of compute actions needs (existing ones are dropped
 /// first): SEND right after the F / B / I that produced the value, and RECV, for an F / B / I
 /// whose neighbouring stage lives on another rank, in the receiver's first gap between compute
