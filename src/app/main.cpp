@@ -13,7 +13,8 @@ void usage(FILE* out) {
   std::fputs(
       "usage: meshtrain <command> [options]\n"
       "  train --deck FILE [--section.key=value ...]   train a model (launch with mpirun / srun)\n"
-      "  data prepare --input PATH... --output FILE.h5 [--vocab-size N | --tokenizer FILE.model]\n"
+      "  data prepare --input PATH... --output FILE.h5 [--vocab-size N | --tokenizer FILE | --hf-assets-path DIR]\n"
+      "       [--text-key K] [--skip-bad-lines]       tokenize text / JSON Lines into a token store (mpirun: parallel)\n"
       "  deck reference [--markdown]                   every deck key, type, default and meaning\n"
       "  deck check --deck FILE --world-size N         validate a deck for N ranks without running\n"
       "  model info --name NAME --flavor FLAVOR        parameter count and FLOPs per token\n"
