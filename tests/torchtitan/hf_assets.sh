@@ -47,7 +47,7 @@ for split in ("train", "validation"):
 assert a["tokenizer/model"][()].tobytes() == b["tokenizer/model"][()].tobytes()
 PY
 check "data prepare --hf-assets-path tokenizes with the folder's tokenizer.model" $((rc | $?))
-for c in "json_only:has tokenizer.json but no tokenizer.model; reading a Hugging Face tokenizer.json is not implemented yet" \
+for c in "json_only:json_only/tokenizer.json: tokenizer.json has no \"model\"" \
          "missing:: not a folder"; do
   name=${c%%:*} want=${c#*:}
   "$bin" data prepare --input "$corpus" --output "$work/bad.h5" --hf-assets-path "$work/$name" >"$work/log" 2>&1
@@ -56,7 +56,7 @@ for c in "json_only:has tokenizer.json but no tokenizer.model; reading a Hugging
   check "data prepare --hf-assets-path $name: refused" $?
 done
 "$bin" data prepare --input "$corpus" --output "$work/bad.h5" --hf-assets-path "$work/assets" --vocab-size 300 >"$work/log" 2>&1
-[ $? -eq 2 ] && grep -qF "give exactly one of --vocab-size N, --tokenizer FILE.model or --hf-assets-path DIR" "$work/log"
+[ $? -eq 2 ] && grep -qF "give exactly one of --vocab-size N, --tokenizer FILE or --hf-assets-path DIR" "$work/log"
 check "data prepare: --hf-assets-path and --vocab-size together refused" $?
 
 # A run with the folder: no notice about it, and the folder in the resolved deck.
