@@ -63,6 +63,11 @@ nlohmann::json to_json(const PlanCandidate& c) {
             {"temporaries", m.temporaries},
             {"total", m.total}}},
           {"fits", c.fits},
+          {"headroom", c.headroom},
+          {"risky", c.risky},
+          {"within_error", c.within_error},
+          {"matmul_shape_efficiency", c.time.matmul_shape_efficiency},
+          {"attention_efficiency", c.time.attention_efficiency},
           {"compute_s", c.time.compute_s},
           {"exposed_comm_s", c.time.exposed_comm_s},
           {"bubble_s", c.time.bubble_s},
@@ -82,16 +87,21 @@ std::string comm_text(const PlanCandidate& c) {
   return s.empty() ? "-" : s;
 }
 
-void print_row(int rank, const PlanCandidate& c) {
-  std::printf("%3d  %-30s %-46s %10s %8s %10s %6s %8s %8s  %s\n", rank, c.family().c_str(), c.knobs().c_str(),
-              gib(double(c.memory.total)).c_str(), num(c.time.step_s, "%.3g").c_str(),
-              num(c.time.tokens_per_s_per_device, "%.0f").c_str(), num(100 * c.time.mfu, "%.1f%%").c_str(),
+// Marks: "≈" within the error band of the fastest, "!" above the memory-pressure threshold.
+void print_row(int rank, const PlanCandidate& c, double band) {
+  const std::string mark = std::string(c.within_error ? "≈" : " ") + (c.risky ? "!" : " ");
+  const std::string tps = num(c.time.tokens_per_s_per_device, "%.0f") + " ±" +
+                          num(band * c.time.tokens_per_s_per_device, "%.0f");
+  std::printf("%3d%s %-30s %-46s %10s %8s %8s %14s %6s %8s %8s  %s\n", rank, mark.c_str(), c.family().c_str(),
+              c.knobs().c_str(), gib(double(c.memory.total)).c_str(), num(100 * c.headroom, "%.0f%%").c_str(),
+              num(c.time.step_s, "%.3g").c_str(),
+              tps.c_str(), num(100 * c.time.mfu, "%.1f%%").c_str(),
               num(c.time.compute_s, "%.3g").c_str(), num(c.time.bubble_s, "%.3g").c_str(), comm_text(c).c_str());
 }
 
 void print_header() {
-  std::printf("%3s  %-30s %-46s %10s %8s %10s %6s %8s %8s  %s\n", "#", "family", "knobs", "memory", "step s",
-              "tok/s/dev", "MFU", "compute", "bubble", "exposed comm s (dim@tier)");
+  std::printf("%3s   %-30s %-46s %10s %8s %8s %14s %6s %8s %8s  %s\n", "#", "family", "knobs", "memory", "headroom",
+              "step s", "tok/s/dev", "MFU", "compute", "bubble", "exposed comm s (dim@tier)");
 }
 
 // Writes `text` to `path` through a temporary name, so no half-written file is left.
@@ -183,12 +193,22 @@ int cmd_plan(int argc, char** argv) {
   std::printf("%lld configurations enumerated in %.2f s: %lld valid, %lld fit\n", (long long)r.enumerated, r.seconds,
               (long long)r.valid, (long long)r.fitting);
   if (!r.ranked.empty()) {
-    std::printf("\nfastest %lld that fit:\n", (long long)std::min<int64_t>(top, int64_t(r.ranked.size())));
+    const double band = r.error_band, pct = 100 * (1 - opts.pressure);
+    std::printf("\nrecommended %lld that fit (≈: within the model's ±%.0f%% error of the fastest, ordered by "
+                "simplicity: fewer model-parallel, then data-parallel dimensions, fewer bytes across racks, more "
+                "headroom; !: under %.0f%% headroom, ranked after the others within error):\n",
+                (long long)std::min<int64_t>(top, int64_t(r.ranked.size())), 100 * band, pct);
     print_header();
-    for (int64_t i = 0; i < top && i < int64_t(r.ranked.size()); ++i) print_row(int(i + 1), r.ranked[size_t(i)]);
+    for (int64_t i = 0; i < top && i < int64_t(r.ranked.size()); ++i) print_row(int(i + 1), r.ranked[size_t(i)], band);
+    if (!r.fastest.empty() && r.fastest.front().time.tokens_per_s_per_device >
+                                  r.ranked.front().time.tokens_per_s_per_device) {
+      std::printf("\nfastest by predicted speed alone:\n");
+      print_header();
+      print_row(1, r.fastest.front(), band);
+    }
     std::printf("\nbest of each strategy family:\n");
     print_header();
-    for (size_t i = 0; i < r.best_per_family.size(); ++i) print_row(int(i + 1), r.best_per_family[i]);
+    for (size_t i = 0; i < r.best_per_family.size(); ++i) print_row(int(i + 1), r.best_per_family[i], band);
     const PlanCandidate& w = r.ranked.front();
     std::printf("\n#1 memory per device: %s\n", describe_memory(w.memory).c_str());
   } else {
@@ -210,9 +230,13 @@ int cmd_plan(int argc, char** argv) {
                         {"enumerated", r.enumerated},
                         {"valid", r.valid},
                         {"fitting", r.fitting},
-                        {"seconds", r.seconds}};
+                        {"seconds", r.seconds},
+                        {"error_band", r.error_band},
+                        {"pressure", opts.pressure}};
     j["top"] = nlohmann::json::array();
     for (int64_t i = 0; i < top && i < int64_t(r.ranked.size()); ++i) j["top"].push_back(to_json(r.ranked[size_t(i)]));
+    j["fastest"] = nlohmann::json::array();
+    for (const PlanCandidate& c : r.fastest) j["fastest"].push_back(to_json(c));
     j["best_per_family"] = nlohmann::json::array();
     for (const PlanCandidate& c : r.best_per_family) j["best_per_family"].push_back(to_json(c));
     j["rejected"] = nlohmann::json::array();

@@ -18,6 +18,14 @@ struct HardwareSpec {
   double matmul_efficiency = 1, attention_efficiency = 1, memory_efficiency = 1, comm_efficiency = 1;
   double comm_overlap = 0;  ///< fraction of compute time that can hide asynchronous collectives
   double fragmentation = 0;
+  /// Units that run GEMM output tiles at once (GPU streaming multiprocessors; the cpu entry: 1,
+  /// one core per rank) and the edge of a tile, elements: tile and wave quantization.
+  int64_t sm_count = 1, gemm_tile = 1;
+  /// Keys per query block at which flash attention reaches half its long-sequence speed (causal).
+  double attention_half_seq = 0;
+  /// The step-time model's relative error band on this entry (from doc/plan.md's accuracy
+  /// tables): predictions closer than this to the fastest are not told apart.
+  double step_time_error = 0;
   /// The peak for a run in `dtype_bytes` (2: bf16 tensor cores, 4: fp32). @throws nothing.
   double peak_flops(int dtype_bytes) const { return dtype_bytes == 2 ? peak_bf16_flops : peak_fp32_flops; }
 };

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string_view>
 
 #include "config/pipeline_plan.hpp"
 #include "config/toml_value.hpp"
@@ -85,6 +86,19 @@ std::string PlanCandidate::family() const {
   return s;
 }
 
+int PlanCandidate::model_dims() const {
+  return int(dims.tp > 1) + int(dims.cp > 1) + int(dims.pp > 1) + int(dims.ep > 1);
+}
+
+int PlanCandidate::data_dims() const { return int(dims.dp_replicate > 1) + int(dims.dp_shard > 1); }
+
+double PlanCandidate::cross_rack_bytes() const {
+  double b = 0;
+  for (const CommTime& c : time.comm)
+    if (std::string_view(c.tier) == "spine") b += c.bytes;
+  return b;
+}
+
 std::string PlanCandidate::knobs() const {
   std::string s = "local batch " + std::to_string(local_batch) + ", GA " + std::to_string(grad_accum);
   if (dims.pp > 1) s += ", " + schedule + " mb " + std::to_string(microbatch);
@@ -160,6 +174,7 @@ void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, 
   c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args);
   c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
   c.fits = double(c.memory.total) <= limit;
+  c.headroom = 1.0 - double(c.memory.total) / limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
 }
 
@@ -201,6 +216,7 @@ PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareS
   PlanCandidate c = from_deck(deck, dims);
   evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation),
            placement_for(deck, world, hw, deck.topology.file), deck.model_args());
+  c.risky = c.headroom < 1.0 - PlanOptions{}.pressure;
   return c;
 }
 
@@ -228,6 +244,12 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
 
   PlanResult res;
   res.memory_limit = hw.memory_bytes * (1 - hw.fragmentation);
+  res.error_band = hw.step_time_error;
+  // Every fitting configuration within the error band of the fastest seen so far: the final
+  // band (of the fastest overall) is a subset, since the fastest only grows. Pruned as it grows.
+  std::vector<PlanCandidate> close;
+  double best_tps = 0;
+  size_t prune_at = 1024;
   const std::vector<RankPlace> places =
       placement_for(deck, n, hw, opts.topology_file.empty() ? deck.topology.file : opts.topology_file);
   JobConfig cfg = base;  // each candidate's keys are set on it in turn
@@ -391,11 +413,21 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             if (lit == least_of.end() || c.memory.total < lit->second.memory.total) least_of[fam] = c;
                             if (!c.fits) continue;
                             ++res.fitting;
+                            c.risky = c.headroom < 1.0 - opts.pressure;
                             res.points.emplace_back(double(c.memory.total), c.time.tokens_per_s_per_device);
                             auto bit = best_of.find(fam);
                             if (bit == best_of.end() ||
                                 c.time.tokens_per_s_per_device > bit->second.time.tokens_per_s_per_device)
                               best_of[fam] = c;
+                            if (c.time.tokens_per_s_per_device >= best_tps * (1 - res.error_band)) {
+                              best_tps = std::max(best_tps, c.time.tokens_per_s_per_device);
+                              close.push_back(c);
+                              if (close.size() >= prune_at) {
+                                const double cut = best_tps * (1 - res.error_band);
+                                std::erase_if(close, [&](const PlanCandidate& x) { return x.time.tokens_per_s_per_device < cut; });
+                                prune_at = std::max<size_t>(1024, 2 * close.size());
+                              }
+                            }
                             // Keep the `top` fastest: a min-heap on tokens/s.
                             if (int64_t(res.ranked.size()) < keep) {
                               res.ranked.push_back(std::move(c));
@@ -419,7 +451,30 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
     }
   }
   std::sort(res.ranked.begin(), res.ranked.end(), faster);
-  for (auto& [fam, c] : best_of) res.best_per_family.push_back(c);
+  if (!res.ranked.empty()) res.fastest.push_back(res.ranked.front());
+  // The ties: within the band of the fastest, ordered by simplicity (planner.hpp), then the
+  // fastest of the rest.
+  const double cut = best_tps * (1 - res.error_band);
+  std::erase_if(close, [&](const PlanCandidate& x) { return x.time.tokens_per_s_per_device < cut; });
+  for (PlanCandidate& x : close) x.within_error = true;
+  auto simpler = [](const PlanCandidate& x, const PlanCandidate& y) {
+    if (x.risky != y.risky) return !x.risky;
+    if (x.model_dims() != y.model_dims()) return x.model_dims() < y.model_dims();
+    if (x.data_dims() != y.data_dims()) return x.data_dims() < y.data_dims();
+    const double bx = x.cross_rack_bytes(), by = y.cross_rack_bytes();
+    if (bx != by) return bx < by;
+    if (x.headroom != y.headroom) return x.headroom > y.headroom;
+    return x.time.tokens_per_s_per_device > y.time.tokens_per_s_per_device;
+  };
+  std::stable_sort(close.begin(), close.end(), simpler);
+  if (int64_t(close.size()) > keep) close.resize(size_t(keep));
+  for (PlanCandidate& x : res.ranked)
+    if (int64_t(close.size()) < keep && x.time.tokens_per_s_per_device < cut) close.push_back(std::move(x));
+  res.ranked = std::move(close);
+  for (auto& [fam, c] : best_of) {
+    c.within_error = c.time.tokens_per_s_per_device >= cut;
+    res.best_per_family.push_back(c);
+  }
   std::sort(res.best_per_family.begin(), res.best_per_family.end(), faster);
   for (auto& [fam, c] : least_of)
     if (!best_of.count(fam)) res.rejected.emplace_back(c, why_not(c, res.memory_limit));

@@ -18,6 +18,11 @@
 ///                counts ceil(layers / N) of recomputed blocks, memory rising with N; the
 ///                fastest fitting N tried is kept)
 ///   precision    reduce dtype float32 / bfloat16 (bf16 decks)
+///
+/// Ranking: predictions carry the hardware entry's error band (step_time_error); the fitting
+/// configurations within it of the fastest are ties ordered by simplicity (PlanResult::ranked),
+/// and those above PlanOptions::pressure of the usable memory are risky and come after the rest
+/// of the ties.
 #include <cstdint>
 #include <map>
 #include <set>
@@ -40,6 +45,20 @@ struct PlanCandidate {
   MemoryPrediction memory;
   StepTimePrediction time;
   bool fits = false;
+  /// 1 − predicted total / usable memory (device memory less the fragmentation margin).
+  double headroom = 0;
+  /// Predicted above PlanOptions::pressure of the usable memory: ranked after layouts with
+  /// headroom whose speed is within the error band.
+  bool risky = false;
+  /// Predicted within the hardware's step_time_error of the fastest fitting configuration (its
+  /// speed cannot be told apart from the fastest's).
+  bool within_error = false;
+  /// Mesh dimensions above 1: model-parallel ones (tp, cp, pp, ep) and data-parallel ones
+  /// (dp_replicate, dp_shard).
+  int model_dims() const;
+  int data_dims() const;
+  /// Bytes per rank and step on groups that cross racks (tier "spine").
+  double cross_rack_bytes() const;
   /// "TP 8 × FSDP 32", "HSDP 2 × 4", "DDP 8" …: the degrees greater than one.
   std::string family() const;
   /// "mbs 2, GA 4, 1F1B, AC full, ZeRO-3": the other knobs. Throws nothing.
@@ -57,6 +76,9 @@ struct PlanOptions {
   /// Slurm topology.conf whose racks tell which groups cross a leaf switch ("": the deck's
   /// [topology] file, else its nodes_per_rack).
   std::string topology_file;
+  /// Fraction of the usable memory above which a configuration is "risky" (allocator retries and
+  /// fragmentation near the limit; PyTorch's caching allocator starts freeing and retrying there).
+  double pressure = 0.9;
 };
 
 struct PlanResult {
@@ -65,7 +87,15 @@ struct PlanResult {
   int64_t fitting = 0;     ///< of those, predicted within the device memory
   double seconds = 0;      ///< wall time of the search
   double memory_limit = 0; ///< bytes: device memory × (1 − fragmentation)
-  std::vector<PlanCandidate> ranked;   ///< the `top` fastest fitting configurations, fastest first
+  double error_band = 0;   ///< the hardware's step_time_error, relative
+  /// The `top` recommended fitting configurations: those within the error band of the fastest
+  /// first (within_error set), ordered by simplicity — not risky before risky, fewer
+  /// model-parallel then fewer data-parallel dimensions above 1, fewer bytes across racks, more
+  /// headroom, then speed — and after them the next fastest, by speed.
+  std::vector<PlanCandidate> ranked;
+  /// The fastest fitting configuration by predicted tokens/s alone (ranked's first can differ
+  /// when a simpler one is within the error band).
+  std::vector<PlanCandidate> fastest;
   /// (predicted total memory in bytes, tokens/s per device) of every fitting configuration.
   std::vector<std::pair<double, double>> points;
   std::vector<PlanCandidate> best_per_family;  ///< the fastest fitting one of each family, fastest first

@@ -1,6 +1,7 @@
 #include "plan/time_model.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string_view>
 
@@ -14,7 +15,77 @@ namespace {
 
 double ring(int64_t n) { return n > 1 ? double(n - 1) / double(n) : 0.0; }
 
+// One linear layer's shape on a rank: `in` × `out` weights applied to `rows` rows.
+struct Linear {
+  double in, out, rows;
+};
+
+// Forward, input-gradient and weight-gradient GEMMs of `l` (each 2·rows·in·out FLOPs): the time
+// they take, in units of FLOPs at the hardware's large-GEMM rate (FLOPs / shape efficiency).
+double linear_effective_flops(const Linear& l, const HardwareSpec& hw) {
+  const double f = 2.0 * l.rows * l.in * l.out;
+  return f / gemm_shape_efficiency(l.rows, l.out, hw)     // Y[rows, out] = X·W
+         + f / gemm_shape_efficiency(l.rows, l.in, hw)    // dX[rows, in] = dY·Wᵀ
+         + f / gemm_shape_efficiency(l.in, l.out, hw);    // dW[in, out] = Xᵀ·dY
+}
+
+// The shape efficiency of a block's (or the head's) GEMMs together: Σ FLOPs / Σ FLOPs/efficiency
+// over their forward, input-gradient and weight-gradient GEMMs (a FLOP-weighted harmonic mean).
+double shape_efficiency(const std::vector<Linear>& ls, const HardwareSpec& hw) {
+  double flops = 0, eff = 0;
+  for (const Linear& l : ls) {
+    flops += 6.0 * l.rows * l.in * l.out;
+    eff += linear_effective_flops(l, hw);
+  }
+  return eff > 0 ? flops / eff : 1.0;
+}
+
+// A transformer block's linears on a rank of tensor-parallel degree tp holding `tokens` rows
+// per micro-batch (sequence parallelism gathers the full rows before each GEMM); MoE blocks'
+// experts each see tokens·top_k·ep / E rows (balanced routing, ep ranks' tokens arriving).
+std::vector<Linear> block_linears(const ModelArgs& a, bool moe, double tp, double ep, double tokens) {
+  const double d = double(a.dim), q = double(a.n_heads * a.head_dim) / tp, kv = double(a.n_kv_heads * a.head_dim) / tp;
+  std::vector<Linear> ls = {{d, q, tokens}, {d, kv, tokens}, {d, kv, tokens}, {q, d, tokens}};
+  if (!moe) {
+    const double f = double(a.ffn_dim()) / tp;
+    ls.insert(ls.end(), {{d, f, tokens}, {d, f, tokens}, {f, d, tokens}});
+    return ls;
+  }
+  const double h = double(a.moe_inter_dim) / tp;
+  const double rows = std::max(1.0, tokens * double(a.top_k) * ep / double(std::max<int64_t>(a.num_experts, 1)));
+  for (int64_t e = 0; e < a.top_k; ++e) ls.insert(ls.end(), {{d, h, rows}, {d, h, rows}, {h, d, rows}});
+  if (a.num_shared_experts > 0) {
+    const double hs = h * double(a.num_shared_experts);
+    ls.insert(ls.end(), {{d, hs, tokens}, {d, hs, tokens}, {hs, d, tokens}});
+  }
+  return ls;
+}
+
+// FlashAttention-2's causal speed against sequence length on an H100 (the FlashAttention-3
+// paper's figure of forward speed with a causal mask, head dim 128: 191, 260, 298, 319, 333, 335
+// TFLOP/s at 512 … 16k) fits T / (T + T½) with T½ = 350 within 8%; without a mask (309 … 370)
+// the curve saturates about 3.5 times sooner (T½ ≈ 100).
+constexpr double kNonCausalHalfRatio = 1.0 / 3.5;
+
 }  // namespace
+
+double gemm_shape_efficiency(double m, double n, const HardwareSpec& hw) {
+  const double t = double(hw.gemm_tile), sms = double(hw.sm_count);
+  if (m <= 0 || n <= 0) return 1.0;
+  const double tiles = std::ceil(m / t) * std::ceil(n / t);
+  const double waves = std::ceil(tiles / sms);
+  return (m * n) / (waves * sms * t * t);
+}
+
+double attention_length_efficiency(double length, bool causal, int64_t head_dim, const HardwareSpec& hw) {
+  const double half = hw.attention_half_seq * (causal ? 1.0 : kNonCausalHalfRatio);
+  const double s = length / (length + half);
+  // Head dim: the same figures at head dim 64 (causal, FlashAttention-2: 299 TFLOP/s at 16k) and
+  // 256 (no mask: 326 against 370 at 128) run at 0.87 and 0.88 of head dim 128.
+  const double l2 = std::log2(double(std::max<int64_t>(head_dim, 1)));
+  const double h = l2 <= 7 ? std::max(0.5, 1.0 - 0.13 * (7 - l2)) : std::max(0.5, 1.0 - 0.12 * (l2 - 7));
+  return s * h;
+}
 
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
@@ -33,26 +104,57 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   const int64_t accum = cfg.grad_accum_steps(d);
   const int64_t micro = d.pp > 1 && plan ? accum * plan->microbatches : accum;  // micro-batches per step
 
+  StepTimePrediction p;
+
   // ---- compute ----
   const CheckpointPolicy ac =
       CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
   double recompute_fraction = 0;  // of the blocks, whose forward runs twice
   for (int64_t b = 0; b < a.n_layers; ++b) recompute_fraction += ac.recompute(b) ? 1.0 / double(a.n_layers) : 0.0;
   const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
-  double mm = 0, attn = 0;  // FLOPs per token of the busiest pipeline rank
+  // Shapes: a micro-batch's rows on the rank (tokens of its local batch or pipeline micro-batch
+  // after the cp cut), and the attention calls they make. Without cp one causal call over the
+  // sequence; with cp the load-balanced cut gives each rank 2 chunks of c = seq / (2·cp) tokens
+  // and the ring / all-gather path runs c × c blocks: 2 causal diagonal blocks and 2·cp − 1
+  // unmasked ones (1/(2·cp) and the rest of the rank's attention FLOPs).
+  const double mb_samples =
+      double(d.pp > 1 && plan ? plan->microbatch_size : cfg.training.local_batch_size);
+  const double rows = mb_samples * seq / double(d.cp);
+  const bool chunked_cp = d.cp > 1 && cfg.parallelism.context_parallel_rotate_method != "ulysses";
+  double attention_eff = hw.attention_efficiency;
+  if (!chunked_cp) {
+    // Ulysses attends the whole sequence with heads split over cp.
+    attention_eff *= attention_length_efficiency(seq, true, a.head_dim, hw);
+  } else {
+    const double c = seq / double(2 * d.cp), diag = 1.0 / double(2 * d.cp);
+    attention_eff /= diag / attention_length_efficiency(c, true, a.head_dim, hw) +
+                     (1 - diag) / attention_length_efficiency(c, false, a.head_dim, hw);
+  }
+  const double tp_d = double(d.tp), ep_d = double(std::max<int64_t>(d.ep, 1));
+  const double dense_eff = shape_efficiency(block_linears(a, false, tp_d, ep_d, rows), hw);
+  const double moe_eff = a.num_experts > 0 ? shape_efficiency(block_linears(a, true, tp_d, ep_d, rows), hw) : 1.0;
+  const double head_eff = shape_efficiency({{double(a.dim), double(a.vocab_size) / tp_d, rows}}, hw);
+  // Per token of the busiest pipeline rank: matmul FLOPs, their time in FLOPs at the large-GEMM
+  // rate (FLOPs / shape efficiency), and attention FLOPs.
+  double mm = 0, mm_time = 0, attn = 0;
   for (const RankState& st : states) {
     double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
+    double t_r = m_r / head_eff;
     for (size_t i = 0; i < st.blocks.size(); ++i) {
       const double rec = ac.recompute(st.blocks[i]) ? 1.0 : 0.0;
-      m_r += (6.0 + 2.0 * rec) * st.block_params[i];
+      const double f = (6.0 + 2.0 * rec) * st.block_params[i];
+      m_r += f;
+      t_r += f / (a.is_moe_layer(st.blocks[i]) ? moe_eff : dense_eff);
       a_r += attn_per_block * (1.0 + rec / 3.0);
     }
-    if (m_r / hw.matmul_efficiency + a_r / hw.attention_efficiency >
-        mm / hw.matmul_efficiency + attn / hw.attention_efficiency)
-      mm = m_r, attn = a_r;
+    if (t_r / hw.matmul_efficiency + a_r / attention_eff > mm_time / hw.matmul_efficiency + attn / attention_eff)
+      mm = m_r, mm_time = t_r, attn = a_r;
   }
   mm *= t_replica / double(d.tp);
+  mm_time *= t_replica / double(d.tp);
   attn *= t_replica / double(d.tp);
+  p.matmul_shape_efficiency = mm_time > 0 ? mm / mm_time : 1.0;
+  p.attention_efficiency = attention_eff;
   int64_t local_params = 0;
   for (const RankState& st : states) local_params = std::max(local_params, d.dp_shard * d.cp > 1 ? st.shard : st.flat);
   // Memory-bound kernels: the activations a micro-batch keeps, each written in forward, read in
@@ -81,9 +183,29 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   const double cores = double(hw.devices_per_node);
   const double bandwidth =
       cpu_backend ? hw.memory_bandwidth / std::max(1.0, std::min(busy_ranks, cores)) : hw.memory_bandwidth;
-  StepTimePrediction p;
-  p.compute_s = mm / (peak * hw.matmul_efficiency) + attn / (peak * hw.attention_efficiency) +
-                traffic / (bandwidth * hw.memory_efficiency) + optimizer_bytes / bandwidth;
+  // Context parallelism's chunked attention merges every block's float32 output into the
+  // running result (read both, write one: 12 bytes per output element, plus the log-sum-exp) and
+  // in backward accumulates dQ and the packed dK/dV in float32 per block (read and write: 8
+  // bytes), and the ring adds its dK/dV partial sums once per step (zero, add, send: 12 bytes).
+  // Per block (layer) and micro-batch, on the rank: the forward's bytes run again when recomputed.
+  double cp_merge_fwd = 0, cp_merge_bwd = 0;
+  if (chunked_cp) {
+    const double blocks = double(2 * d.cp + 1), c_rows = rows / 2;  // c × c calls, c rows each
+    const double qd = double(a.n_heads * a.head_dim) / tp_d, kd = double(a.n_kv_heads * a.head_dim) / tp_d;
+    cp_merge_fwd = blocks * c_rows * (qd * 12.0 + double(a.n_heads) / tp_d * 12.0);
+    cp_merge_bwd = blocks * c_rows * (qd + 2 * kd) * 8.0 +
+                   (cfg.parallelism.context_parallel_rotate_method == "alltoall" ? double(d.cp) * 2 * rows * kd * 12.0 : 0);
+  }
+  double stage_blocks = 0, stage_recomputed = 0;  // the busiest rank's
+  for (const RankState& st : states)
+    if (double(st.blocks.size()) > stage_blocks) {
+      stage_blocks = double(st.blocks.size());
+      stage_recomputed = 0;
+      for (int64_t b : st.blocks) stage_recomputed += ac.recompute(b) ? 1.0 : 0.0;
+    }
+  const double merge_bytes = double(micro) * (stage_blocks * (cp_merge_fwd + cp_merge_bwd) + stage_recomputed * cp_merge_fwd);
+  p.compute_s = mm_time / (peak * hw.matmul_efficiency) + attn / (peak * attention_eff) +
+                (traffic + merge_bytes) / (bandwidth * hw.memory_efficiency) + optimizer_bytes / bandwidth;
   if (cpu_backend && busy_ranks > cores) p.compute_s *= busy_ranks / cores;
 
   // ---- communication ----
@@ -98,14 +220,18 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     const RankPlace &first = places[0], &last = places[size_t(stride * (size - 1))];
     return last.node == first.node ? "node" : last.rack == first.rack ? "rack" : "spine";
   };
+  // A tier's bandwidth (× comm_efficiency) and latency: NVLink inside a node, the network across.
+  auto link = [&](const char* t) {
+    const bool intra = std::string_view(t) == "node";
+    return std::make_pair((intra ? hw.intra_node_bandwidth : hw.inter_node_bandwidth) * hw.comm_efficiency,
+                          intra ? hw.intra_node_latency_s : hw.inter_node_latency_s);
+  };
   auto add = [&](const char* dim, int64_t stride, int64_t size, double bytes, double collectives) {
     if (size <= 1 || bytes <= 0) return;
     CommTime c;
     c.dim = dim;
     c.tier = tier(stride, size);
-    const bool intra = std::string_view(c.tier) == "node";  // NVLink; rack and spine: the network
-    const double bw = (intra ? hw.intra_node_bandwidth : hw.inter_node_bandwidth) * hw.comm_efficiency;
-    const double lat = intra ? hw.intra_node_latency_s : hw.inter_node_latency_s;
+    const auto [bw, lat] = link(c.tier);
     c.bytes = bytes;
     c.seconds = bytes / bw + collectives * double(size - 1) * lat;
     p.comm.push_back(c);
@@ -149,8 +275,25 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   }
   // Exposure (see the header).
   const double overlap = hw.comm_overlap * p.compute_s;
-  double attention_s = attn / (peak * hw.attention_efficiency);
-  if (cpu_backend && busy_ranks > cores) attention_s *= busy_ranks / cores;
+  // The ring's hops, per block (layer) and micro-batch: each hop carries the next step's K/V
+  // (2·rows·K·β bytes; in backward followed by the f32 dK/dV partial sums, 2·rows·K·4) while the
+  // rank computes the current step's blocks and merges (1/cp of the layer's attention and merge
+  // work), so a hop shows only beyond that step; the last partial sum's hop, after the last
+  // step, is never hidden. A recomputed forward repeats the forward's hops.
+  double ring_exposed = 0;
+  if (d.cp > 1 && cfg.parallelism.context_parallel_rotate_method == "alltoall" && stage_blocks > 0) {
+    const auto [bw, lat] = link(tier(d.tp, d.cp));
+    const double kd = double(a.n_kv_heads * a.head_dim) / tp_d, cp = double(d.cp);
+    const double hop_kv = 2 * rows * kd * beta / bw + lat, hop_dkv = 2 * rows * kd * 4 / bw + lat;
+    const double slow = cpu_backend && busy_ranks > cores ? busy_ranks / cores : 1.0;
+    const double attn_fwd_layer = 2.0 * double(a.n_heads) / tp_d * double(a.head_dim) * seq * 0.5 * rows;
+    const double mem_bw = bandwidth * hw.memory_efficiency;
+    const double step_fwd = slow * (attn_fwd_layer / (peak * attention_eff) + cp_merge_fwd / mem_bw) / cp;
+    const double step_bwd = slow * (2 * attn_fwd_layer / (peak * attention_eff) + cp_merge_bwd / mem_bw) / cp;
+    const double fwd = (cp - 1) * std::max(0.0, hop_kv - step_fwd);
+    const double bwd = (cp - 1) * std::max(0.0, hop_kv + hop_dkv - step_bwd) + hop_dkv;
+    ring_exposed = double(micro) * (stage_blocks * (fwd + bwd) + stage_recomputed * fwd);
+  }
   double hidden_budget = overlap;  // compute that async collectives may hide behind, shared
   for (CommTime& c : p.comm) {
     const std::string_view dim = c.dim;
@@ -158,7 +301,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
         (dim == "cp" && cfg.parallelism.context_parallel_rotate_method != "alltoall")) {
       c.exposed_s = c.seconds;
     } else if (dim == "cp") {
-      c.exposed_s = std::max(0.0, c.seconds - attention_s);
+      c.exposed_s = std::min(c.seconds, ring_exposed);
     } else {
       const double first = units > 0 ? c.seconds / (units * double(micro)) : 0;  // the first gather shows
       const double hidden = std::min(hidden_budget, c.seconds - first);

@@ -56,7 +56,26 @@ struct StepTimePrediction {
   double step_s = 0;
   double tokens_per_s_per_device = 0;
   double mfu = 0;  ///< flops_per_token (ModelArgs) · tokens / (step · devices · peak)
+  /// The busiest rank's GEMMs together, achieved / large-GEMM rate (tile and wave
+  /// quantization, gemm_shape_efficiency), in (0, 1].
+  double matmul_shape_efficiency = 1;
+  /// Attention's achieved / peak: the catalog's attention_efficiency × the length and head-dim
+  /// factor of its calls (attention_length_efficiency; under cp, of the c × c blocks).
+  double attention_efficiency = 0;
 };
+
+/// Tile and wave quantization of a GEMM with an M × N output on `hw`: the output is cut into
+/// gemm_tile × gemm_tile tiles, sm_count of them run at once (one wave), so the work done is
+/// M·N / (waves · sm_count · tile²) of what the SMs are held for (Calculon's and NVIDIA's
+/// matrix-multiplication performance guide's tile- and wave-quantization model). In (0, 1];
+/// 1 for M or N ≤ 0. Throws nothing.
+double gemm_shape_efficiency(double m, double n, const HardwareSpec& hw);
+
+/// Flash attention's speed at a call over `length` keys per query block, relative to its
+/// long-sequence speed at head dim 128: length / (length + T½) with T½ = hw.attention_half_seq
+/// (causal; an unmasked block saturates 3.5× sooner), times a head-dim factor (0.87 at 64, 1 at
+/// 128, 0.88 at 256; FlashAttention-3 paper, H100 forward speed figures). In (0, 1]. Throws nothing.
+double attention_length_efficiency(double length, bool causal, int64_t head_dim, const HardwareSpec& hw);
 
 /// The prediction for `cfg` on `dims` (validated; `plan` as for predict_memory) on `hw`, with
 /// `states` = rank_states(...) of the same configuration and `places` every rank's node and rack

@@ -1,8 +1,12 @@
 #define BOOST_TEST_MODULE plan
 // The planner's parts without a run: the hardware catalog and its errors, the activation replay
-// against the per-block formula of activation_model.hpp, the time model's scaling, and run_plan's
-// enumeration under --fixed.
+// against the per-block formula of activation_model.hpp, the time model's scaling and shape
+// efficiencies, run_plan's enumeration under --fixed, and its rankings: the published layouts
+// that must win, ties within the error band ordered by simplicity, memory pressure.
 #include <boost/test/unit_test.hpp>
+
+#include <string>
+#include <tuple>
 
 
 #include "config/deck_parser.hpp"
@@ -31,7 +35,8 @@ std::string entry(const std::string& replace = "") {
       "memory_bytes = 8e10\nmemory_bandwidth = 3e12\ndevices_per_node = 8\nintra_node_bandwidth = 4e11\n"
       "inter_node_bandwidth = 5e10\nintra_node_latency_s = 1e-5\ninter_node_latency_s = 2e-5\n"
       "matmul_efficiency = 0.5\nattention_efficiency = 0.4\nmemory_efficiency = 0.5\ncomm_efficiency = 0.8\n"
-      "comm_overlap = 0.9\nfragmentation = 0.05\n";
+      "comm_overlap = 0.9\nfragmentation = 0.05\nsm_count = 132\ngemm_tile = 128\nattention_half_seq = 350\n"
+      "step_time_error = 0.03\n";
   if (replace.empty()) return t;
   const std::string key = replace.substr(0, replace.find(' '));
   const size_t at = t.find("\n" + key + " ");
@@ -177,4 +182,172 @@ BOOST_AUTO_TEST_CASE(selective_checkpointing_takes_the_largest_n_that_fits) {
   BOOST_TEST(best.ac_option == std::to_string(want));
   BOOST_TEST(want >= 4);
   BOOST_TEST(double(best.memory.total) <= limit);
+}
+
+namespace {
+
+// A deck of `flavor` (llama3 or qwen3) at `seq` tokens, global batch `global`, bf16 on cuda.
+JobConfig gpu_deck(const std::string& model, const std::string& flavor, int64_t seq, int64_t global) {
+  return load_job_config_text("[model]\nname = \"" + model + "\"\nflavor = \"" + flavor +
+                                  "\"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = " + std::to_string(global) +
+                                  "\nseq_len = " + std::to_string(seq) +
+                                  "\ndevice = \"cuda\"\nmixed_precision_param = \"bfloat16\"\n[topology]\nranks_per_node = 8\n",
+                              "deck.toml", {});
+}
+
+PlanResult plan_on(const JobConfig& deck, int64_t gpus, const std::string& hw, int64_t top = 50) {
+  PlanOptions o;
+  o.devices = gpus;
+  o.hardware = find_hardware(hw);
+  o.top = top;
+  return run_plan(deck, o);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gemm_and_attention_shape_efficiency) {
+  const HardwareSpec h = find_hardware("h100_sxm");
+  // Whole waves of whole tiles lose nothing; one wave of 64 tiles holds 132 SMs for 64 tiles'
+  // work; a ragged tile edge pays for the whole tile.
+  BOOST_TEST(gemm_shape_efficiency(132 * 128, 128, h) == 1.0);
+  BOOST_TEST(gemm_shape_efficiency(1024, 1024, h) == 64.0 / 132.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(gemm_shape_efficiency(132 * 128 + 1, 128, h) < 0.51);
+  // Attention speeds up with the keys per call and saturates; unmasked blocks saturate sooner.
+  double last = 0;
+  for (double len : {256.0, 512.0, 1024.0, 4096.0, 16384.0}) {
+    const double e = attention_length_efficiency(len, true, 128, h);
+    BOOST_TEST(e > last);
+    BOOST_TEST(e < 1.0);
+    BOOST_TEST(attention_length_efficiency(len, false, 128, h) > e);
+    last = e;
+  }
+  BOOST_TEST(attention_length_efficiency(4096, true, 64, h) < attention_length_efficiency(4096, true, 128, h));
+}
+
+// Context parallelism is not free: the same 8B step on 8 H100 at seq 8192, cut over cp, runs
+// slower as cp grows (shorter attention blocks, every block's merge, the ring's exposed hop), at
+// the same local rows per GEMM.
+BOOST_AUTO_TEST_CASE(context_parallelism_costs_grow_with_cp) {
+  double last = 0;
+  for (int64_t cp : {1, 2, 4, 8}) {
+    JobConfig d = gpu_deck("llama3", "8B", 8192, 8 * cp);
+    d.training.local_batch_size = cp;  // the same rows per GEMM: cp samples of seq / cp tokens
+    d.parallelism.context_parallel_degree = cp;
+    d.parallelism.data_parallel_shard_degree = 8 / cp;
+    d.parallelism.context_parallel_rotate_method = "alltoall";
+    d.activation_checkpoint.mode = "full";
+    const PlanCandidate c = predict_deck(d, 8, find_hardware("h100_sxm"));
+    BOOST_TEST_CONTEXT("cp " << cp) {
+      BOOST_TEST(c.time.step_s > last);
+      if (cp > 1) {
+        double cp_bytes = 0;
+        for (const CommTime& t : c.time.comm)
+          if (std::string(t.dim) == "cp") {
+            cp_bytes = t.bytes;
+            BOOST_TEST(t.exposed_s > 0);  // the last dK/dV hop is never hidden
+            BOOST_TEST(t.exposed_s <= t.seconds);
+          }
+        BOOST_TEST(cp_bytes > 0);
+      }
+    }
+    last = c.time.step_s;
+  }
+}
+
+// The issue's acceptance cases: 8B on one node of 8 H100 or 8 GB200 at seq 8192 runs best without
+// tp, pp or cp; a 32B dense model (Qwen3-32B) at seq 4096 on 8 GB200 needs tp ≥ 2.
+BOOST_AUTO_TEST_CASE(published_node_rankings) {
+  for (const char* hw : {"h100_sxm", "gb200"}) {
+    const PlanResult r = plan_on(gpu_deck("llama3", "8B", 8192, 16), 8, hw);
+    BOOST_TEST_CONTEXT(hw) {
+      BOOST_TEST_REQUIRE(!r.ranked.empty());
+      const ParallelDims& d = r.ranked.front().dims;
+      BOOST_TEST(d.tp == 1);
+      BOOST_TEST(d.pp == 1);
+      BOOST_TEST(d.cp == 1);
+      // Every cp layout is slower than the best without model parallelism, beyond the band.
+      for (const PlanCandidate& c : r.best_per_family)
+        if (c.dims.cp > 1) BOOST_TEST(!c.within_error);
+    }
+  }
+  const PlanResult q = plan_on(gpu_deck("qwen3", "32B", 4096, 4), 8, "gb200");
+  BOOST_TEST_REQUIRE(!q.ranked.empty());
+  BOOST_TEST(q.ranked.front().dims.tp >= 2);
+}
+
+// Ties: the recommended list starts with every configuration within the band of the fastest
+// (marked), ordered by simplicity, then the rest by speed; with no band it is the speed order.
+BOOST_AUTO_TEST_CASE(ties_within_the_error_band_are_ordered_by_simplicity) {
+  const JobConfig deck = gpu_deck("llama3", "8B", 8192, 16);
+  const PlanResult r = plan_on(deck, 8, "h100_sxm", 400);
+  BOOST_TEST_REQUIRE(!r.fastest.empty());
+  BOOST_TEST(r.error_band == 0.03);
+  const double best = r.fastest.front().time.tokens_per_s_per_device, cut = best * (1 - r.error_band);
+  bool in_band = true;
+  size_t ties = 0;
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    const PlanCandidate& c = r.ranked[i];
+    BOOST_TEST(c.time.tokens_per_s_per_device <= best);
+    BOOST_TEST(c.within_error == (c.time.tokens_per_s_per_device >= cut));
+    if (!c.within_error) in_band = false;
+    BOOST_TEST(c.within_error == in_band);  // the ties come first
+    if (c.within_error) ++ties;
+    if (i == 0) continue;
+    const PlanCandidate& p = r.ranked[i - 1];
+    if (c.within_error) {
+      const auto key = [](const PlanCandidate& x) {
+        return std::make_tuple(int(x.risky), x.model_dims(), x.data_dims(), x.cross_rack_bytes(), -x.headroom);
+      };
+      BOOST_TEST((key(p) <= key(c)));
+    } else if (!p.within_error) {
+      BOOST_TEST(p.time.tokens_per_s_per_device >= c.time.tokens_per_s_per_device);
+    }
+  }
+  BOOST_TEST(ties > 1u);
+  BOOST_TEST(!in_band);  // 400 rows reach past the band
+  // No band: the speed order, the fastest first.
+  PlanOptions o;
+  o.devices = 8;
+  o.hardware = find_hardware("h100_sxm");
+  o.hardware.step_time_error = 0;
+  o.top = 20;
+  const PlanResult z = run_plan(deck, o);
+  BOOST_TEST_REQUIRE(z.ranked.size() == 20u);
+  BOOST_TEST(z.ranked.front().time.tokens_per_s_per_device == z.fastest.front().time.tokens_per_s_per_device);
+  for (size_t i = 1; i < z.ranked.size(); ++i)
+    BOOST_TEST(z.ranked[i - 1].time.tokens_per_s_per_device >= z.ranked[i].time.tokens_per_s_per_device);
+}
+
+// Memory pressure: above the threshold a configuration is risky and ranked after the ties with
+// headroom; headroom is 1 − total / usable memory.
+BOOST_AUTO_TEST_CASE(memory_pressure_ranks_risky_layouts_after_the_ties_with_headroom) {
+  const JobConfig deck = gpu_deck("llama3", "8B", 8192, 16);
+  PlanOptions o;
+  o.devices = 8;
+  o.hardware = find_hardware("h100_sxm");
+  o.top = 400;
+  const double limit = o.hardware.memory_bytes * (1 - o.hardware.fragmentation);
+  for (double pressure : {0.8, 0.9, 0.95}) {
+    o.pressure = pressure;
+    const PlanResult r = run_plan(deck, o);
+    BOOST_TEST_CONTEXT("pressure " << pressure) {
+      size_t risky = 0, safe = 0;
+      bool seen_risky = false;
+      for (const PlanCandidate& c : r.ranked) {
+        BOOST_TEST(c.headroom == 1 - double(c.memory.total) / limit, boost::test_tools::tolerance(1e-12));
+        BOOST_TEST(c.risky == (double(c.memory.total) > pressure * limit));
+        if (!c.within_error) break;
+        if (c.risky) {
+          seen_risky = true;
+          ++risky;
+        } else {
+          ++safe;
+          BOOST_TEST(!seen_risky);  // no tie with headroom after a risky one
+        }
+      }
+      BOOST_TEST(risky > 0u);
+      BOOST_TEST(safe > 0u);
+      BOOST_TEST(!r.ranked.front().risky);
+    }
+  }
 }
