@@ -13,7 +13,7 @@ is multiplied by ranks / cores (they time-slice the cores). Calibration: peak_fp
 the single-rank sgemm rate train measures at start-up on this machine; the efficiencies were set
 on the `single` row only (doc/plan.md).
 
-usage: plan_accuracy.py [--meshtrain BIN] [--data H5] [--steps 8] [--json OUT]
+usage: plan_accuracy.py [--meshtrain BIN] [--data H5] [--steps 8] [--json OUT] [--cp-data H5] [--only TAG,...]
 """
 import argparse
 import json
@@ -25,6 +25,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests", "plan"))
 from memory_accuracy import LAYOUTS, MODELS, plan_fixed, train  # noqa: E402
+
+
+P = "--parallelism."
+# Context parallelism at long sequences (2 blocks, dim 256; local batch 1): one rank against cp 2
+# with each rotate method, at seq 2048, 4096 and 8192. They need a corpus of more than 8k tokens
+# per document split (--cp-data: `meshtrain data prepare --vocab-size 2048` of any text).
+CP_LAYOUTS = []
+for seq in (2048, 4096, 8192):
+    base = ["--training.local_batch_size=1", "--training.global_batch_size=1", f"--training.seq_len={seq}"]
+    CP_LAYOUTS += [(f"single_s{seq}", 1, base),
+                   (f"cp2_allgather_s{seq}", 2, base + [P + "context_parallel_degree=2", P + "data_parallel_shard_degree=1",
+                                                        P + "context_parallel_rotate_method=allgather"]),
+                   (f"cp2_ring_s{seq}", 2, base + [P + "context_parallel_degree=2", P + "data_parallel_shard_degree=1",
+                                                   P + "context_parallel_rotate_method=alltoall"])]
 
 
 def measure(a, tag, np_, over):
@@ -45,12 +59,21 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--model", default="wide", choices=sorted(MODELS))
     ap.add_argument("--json")
+    ap.add_argument("--cp-data", help="corpus for the long-sequence CP rows (omitted: those rows are skipped)")
+    ap.add_argument("--only", help="comma-separated layout tags to run (default: all)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = []
     print(f"{'layout':<18} {'ranks':>5} {'measured s':>11} {'predicted s':>12} {'error':>8}   predicted split")
-    for tag, np_, layout in LAYOUTS:
-        over = MODELS[a.model] + layout
+    layouts = [(t, n, MODELS[a.model] + lay, None) for t, n, lay in LAYOUTS]
+    if a.cp_data:
+        layouts += [(t, n, MODELS[a.model] + lay, a.cp_data) for t, n, lay in CP_LAYOUTS]
+    only = set(a.only.split(",")) if a.only else None
+    for tag, np_, over, data in layouts:
+        if only and tag not in only:
+            continue
+        if data:
+            over = over + [f"--training.dataset={data}"]
         m = measure(a, tag, np_, over)
         p = predict(a, tag, np_, over)
         err = (p["step_s"] - m) / m

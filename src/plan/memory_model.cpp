@@ -474,7 +474,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states_out,
                                 std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given) {
-  const ModelArgs args = given ? *given : cfg.model_args();
+  ModelArgs own;  // a reference to the caller's when given (the planner's many candidates share one)
+  const ModelArgs& args = given ? *given : (own = cfg.model_args());
   const int64_t fsdp = d.dp_shard * d.cp;
   const bool sharded = fsdp > 1;
   const int zero = sharded ? int(cfg.parallelism.zero_stage) : 0;

@@ -1,6 +1,7 @@
 #include "plan/time_model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 #include <string_view>
@@ -80,10 +81,10 @@ double gemm_shape_efficiency(double m, double n, const HardwareSpec& hw) {
 double attention_length_efficiency(double length, bool causal, int64_t head_dim, const HardwareSpec& hw) {
   const double half = hw.attention_half_seq * (causal ? 1.0 : kNonCausalHalfRatio);
   const double s = length / (length + half);
-  // Head dim: the same figures at head dim 64 (causal, FlashAttention-2: 299 TFLOP/s at 16k) and
-  // 256 (no mask: 326 against 370 at 128) run at 0.87 and 0.88 of head dim 128.
+  // Head dim: the same figures at head dim 64 (causal, FlashAttention-2: 299 against 335 TFLOP/s at 16k) and
+  // 256 (no mask: 326 against 370 at 128) run at 0.89 and 0.88 of head dim 128.
   const double l2 = std::log2(double(std::max<int64_t>(head_dim, 1)));
-  const double h = l2 <= 7 ? std::max(0.5, 1.0 - 0.13 * (7 - l2)) : std::max(0.5, 1.0 - 0.12 * (l2 - 7));
+  const double h = l2 <= 7 ? std::max(0.5, 1.0 - 0.11 * (7 - l2)) : std::max(0.5, 1.0 - 0.12 * (l2 - 7));
   return s * h;
 }
 
@@ -91,7 +92,8 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
                                      const HardwareSpec& hw, const std::vector<RankPlace>& places,
                                      const ModelArgs* given) {
-  const ModelArgs a = given ? *given : cfg.model_args();
+  ModelArgs own;  // a reference to the caller's when given (the planner's many candidates share one)
+  const ModelArgs& a = given ? *given : (own = cfg.model_args());
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
   const double beta = bf16 ? 2 : 4, rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
   const double peak = hw.peak_flops(bf16 ? 2 : 4);
@@ -131,9 +133,22 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
                      (1 - diag) / attention_length_efficiency(c, false, a.head_dim, hw);
   }
   const double tp_d = double(d.tp), ep_d = double(std::max<int64_t>(d.ep, 1));
-  const double dense_eff = shape_efficiency(block_linears(a, false, tp_d, ep_d, rows), hw);
-  const double moe_eff = a.num_experts > 0 ? shape_efficiency(block_linears(a, true, tp_d, ep_d, rows), hw) : 1.0;
-  const double head_eff = shape_efficiency({{double(a.dim), double(a.vocab_size) / tp_d, rows}}, hw);
+  // The shape efficiencies depend on the model, tp, ep, the rows and the hardware's tiles only:
+  // the planner asks for the same ones under many other knobs, so the last answer is kept.
+  const std::array<double, 15> shape_key = {tp_d, ep_d, rows, double(hw.sm_count), double(hw.gemm_tile),
+                                            double(a.dim), double(a.ffn_dim()), double(a.n_heads),
+                                            double(a.n_kv_heads), double(a.head_dim), double(a.vocab_size),
+                                            double(a.num_experts), double(a.top_k), double(a.moe_inter_dim),
+                                            double(a.num_shared_experts)};
+  thread_local std::array<double, 15> last_key{};
+  thread_local std::array<double, 3> last_eff{};
+  if (shape_key != last_key) {
+    last_eff[0] = shape_efficiency(block_linears(a, false, tp_d, ep_d, rows), hw);
+    last_eff[1] = a.num_experts > 0 ? shape_efficiency(block_linears(a, true, tp_d, ep_d, rows), hw) : 1.0;
+    last_eff[2] = shape_efficiency({{double(a.dim), double(a.vocab_size) / tp_d, rows}}, hw);
+    last_key = shape_key;
+  }
+  const double dense_eff = last_eff[0], moe_eff = last_eff[1], head_eff = last_eff[2];
   // Per token of the busiest pipeline rank: matmul FLOPs, their time in FLOPs at the large-GEMM
   // rate (FLOPs / shape efficiency), and attention FLOPs.
   double mm = 0, mm_time = 0, attn = 0;
