@@ -27,6 +27,8 @@ export PATH=$PATH:/usr/sbin:/sbin
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source-path=SCRIPTDIR source=cluster-common.sh
 . "$here/cluster-common.sh"
+# shellcheck source-path=SCRIPTDIR source=conf-common.sh
+. "$here/conf-common.sh"
 
 state=""
 if [ $# -eq 2 ] && [ "$1" = --state ]; then
@@ -108,20 +110,7 @@ SlurmdPidFile=$cluster_dir/run/slurmd.pid
 SlurmctldLogFile=$cluster_dir/log/slurmctld.log
 SlurmdLogFile=$cluster_dir/log/slurmd.log
 PlugStackConfig=$cluster_dir/etc/plugstack.conf
-MailProg=/bin/true
-# No cgroups: a container may have none to delegate, and the tests need no confinement.
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SwitchType=switch/none
-MpiDefault=pmix
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# Trust the node line below over the hardware (more CPUs than cores, placeholder GPUs).
-SlurmdParameters=config_overrides
-ReturnToService=2
+$(slurm_test_conf_common)
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MessageTimeout=10

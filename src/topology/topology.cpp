@@ -53,7 +53,8 @@ Topology Topology::from_slurm_conf(const std::string& path) {
         if (key == "SwitchName") name = value;
         else if (key == "Switches") s.switches = expand_hostlist(value);
         else if (key == "Nodes") s.nodes = expand_hostlist(value);
-        else if (key != "LinkSpeed") throw ConfigError(where + ": unknown key '" + key + "' (SwitchName, Switches, Nodes, LinkSpeed)");
+        else if (key != "LinkSpeed" && key != "Level")  // Level: `scontrol show topology` prints it
+          throw ConfigError(where + ": unknown key '" + key + "' (SwitchName, Switches, Nodes, LinkSpeed, Level)");
       } catch (const std::invalid_argument& e) {
         throw ConfigError(where + ": malformed hostlist " + e.what());
       }
@@ -84,7 +85,9 @@ Topology Topology::from_slurm_conf(const std::string& path) {
   }
   for (const auto& name : order) {
     const SwitchLine& s = sw[name];
-    if (s.nodes.empty()) continue;
+    // A switch above other switches is no rack, even when it lists Nodes= (`scontrol show
+    // topology` gives every switch the nodes below it).
+    if (s.nodes.empty() || !s.switches.empty()) continue;
     const int64_t idx = int64_t(t.leaves_.size());
     t.leaves_.push_back(name);
     for (const auto& host : s.nodes) {

@@ -29,7 +29,8 @@ class Topology {
   Topology() = default;
 
   /// Parses a Slurm topology.conf (tree plugin): lines `SwitchName=S [Switches=hostlist]
-  /// [Nodes=hostlist] [LinkSpeed=...]`, `#` comments. Leaf switches (with Nodes=) are racks.
+  /// [Nodes=hostlist] [LinkSpeed=...]`, `#` comments; also what `scontrol show topology` prints
+  /// (with `Level=`, and Nodes= on every switch). Leaf switches (Nodes=, no Switches=) are racks.
   /// @throws ConfigError `FILE:LINE: what is wrong`: malformed line or hostlist, unknown switch
   ///         under Switches=, a node under two leaf switches, a switch with two parents, a cycle,
   ///         or a file that cannot be read.

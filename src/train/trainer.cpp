@@ -342,6 +342,9 @@ void Trainer::open_outputs() {
   if (rank0_) {
     std::filesystem::create_directories(out_dir_);
     std::ofstream(out_dir_ / "deck.resolved.toml") << resolved_deck_toml(cfg_);
+    // Where every rank ran and its mesh coordinates: the placement this run used, for comparing
+    // with `meshtrain layout --topology` and for finding a failed node's ranks afterwards.
+    std::ofstream(out_dir_ / "layout.csv") << layout_csv(layout_);
   }
   metrics_ = std::make_unique<MetricsWriter>((out_dir_ / "metrics.jsonl").string(), rank0_, /*append=*/resumed_.step > 0);
   if (!load_event_.is_null()) metrics_->write(load_event_);

@@ -242,6 +242,14 @@ MpiRuntime::~MpiRuntime() {
 }
 
 void MpiRuntime::abort_job(int status) {
+  // MPI_Abort asks the launcher to end every rank; when this node's link is cut it may wait for
+  // the launcher forever. A rank must not hang: it leaves by itself after a grace period.
+  constexpr auto kAbortGrace = std::chrono::seconds(10);
+  std::thread([status, kAbortGrace] {
+    std::this_thread::sleep_for(kAbortGrace);
+    std::fflush(stderr);
+    _exit(status);
+  }).detach();
   int init = 0;
   MPI_Initialized(&init);
   if (init) MPI_Abort(MPI_COMM_WORLD, status);

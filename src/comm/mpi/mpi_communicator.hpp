@@ -21,6 +21,8 @@ class MpiRuntime {
   int world_size() const { return size_; }
   const std::string& host() const { return host_; }
   /// Ends the whole job (every rank) with `status`: used when one rank fails so none hang.
+  /// MPI_Abort, and this process's own _exit(status) 10 s later should MPI_Abort not return
+  /// (a node cut off from the launcher).
   [[noreturn]] static void abort_job(int status);
 
  private:
