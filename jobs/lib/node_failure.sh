@@ -12,8 +12,9 @@
 #                              Slurm's SlurmdTimeout decides when it does)
 # A step that fails with no node down (a crash, a bad deck) is not relaunched: its status is the job's.
 #
-# usage (after `deck check` succeeded for the whole allocation):
-#   mt_train_resilient PER_NODE OUTPUT_DIR SRUN_OPTIONS... -- COMMAND...
+# usage: set mt_deck_check=(meshtrain deck check --deck DECK) and mt_check_args=(OVERRIDES...), then
+#   mt_check_deck NTASKS                       (a bad deck stops the job script here)
+#   mt_train_resilient PER_NODE "$mt_output" SRUN_OPTIONS... -- COMMAND...
 # where COMMAND's words may contain {NTASKS}, replaced by the step's task count. The function
 # returns the step's status (0 done, 2 bad input, 4 preempted, 5 non-finite, other: failed).
 
@@ -64,7 +65,7 @@ mt_train_resilient() {
   while :; do
     local n=${#nodes[@]} tasks=$((${#nodes[@]} * per_node)) list
     list=$(IFS=,; echo "${nodes[*]}")
-    local step_cmd=("${cmd[@]//\{NTASKS\}/$tasks}")
+    local step_cmd=("${cmd[@]//\{NTASKS\}/$tasks}") watcher=""
     if [ -n "$t_fail" ]; then  # report when the relaunched step has trained its first step
       ( while sleep 0.5; do
           [ "$(grep -c '"loss"' "$metrics" 2>/dev/null || echo 0)" -gt "$steps_before" ] || continue
@@ -72,11 +73,13 @@ mt_train_resilient() {
             'BEGIN { printf "node failure: training again %.1f s after the last step before the failure\n", a - b }' >&2
           break
         done ) &
+      watcher=$!
     fi
     status=0
     srun "${srun_opts[@]}" "${overlap[@]}" --nodes="$n" --nodelist="$list" --ntasks="$tasks" --ntasks-per-node="$per_node" \
       "${step_cmd[@]}" "${batch[@]}" || status=$?
-    case "$status" in 0 | 2 | 4 | 5) wait; return "$status" ;; esac
+    [ -z "$watcher" ] || { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
+    case "$status" in 0 | 2 | 4 | 5) return "$status" ;; esac
     # The step failed. A lost node shows in Slurm once slurmd misses SlurmdTimeout; wait for it.
     t_fail=$(stat -c %.9Y "$metrics" 2>/dev/null || date +%s.%N)
     steps_before=$(grep -c '"loss"' "$metrics" 2>/dev/null || echo 0)
@@ -123,11 +126,15 @@ mt_train_resilient() {
   done
 }
 
-# Reads the global and local batch and the output folder from `deck check` output (stdin).
-mt_read_deck_check() {
-  local text
-  text=$(cat)
-  mt_global_batch=$(sed -n 's/.*batch: global \([0-9]*\) samples = local \([0-9]*\) .*/\1/p' <<< "$text")
-  mt_local_batch=$(sed -n 's/.*batch: global \([0-9]*\) samples = local \([0-9]*\) .*/\2/p' <<< "$text")
-  mt_output=$(sed -n 's/.*output in \(.*\)$/\1/p' <<< "$text")
+# Checks the deck for TASKS ranks before any srun (mt_deck_check + mt_check_args, {NTASKS}
+# replaced), prints the verdict, and keeps the global and local batch and the output folder for
+# a relaunch. A bad deck ends the job script here with deck check's status (2).
+mt_check_deck() {
+  local tasks=$1 out status=0
+  out=$("${mt_deck_check[@]}" --world-size "$tasks" "${mt_check_args[@]//\{NTASKS\}/$tasks}" 2>&1) || status=$?
+  printf '%s\n' "$out"
+  [ "$status" -eq 0 ] || exit "$status"
+  mt_global_batch=$(sed -n 's/.*batch: global \([0-9]*\) samples = local \([0-9]*\) .*/\1/p' <<< "$out")
+  mt_local_batch=$(sed -n 's/.*batch: global \([0-9]*\) samples = local \([0-9]*\) .*/\2/p' <<< "$out")
+  mt_output=$(sed -n 's/.*output in \(.*\)$/\1/p' <<< "$out")
 }

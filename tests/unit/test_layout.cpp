@@ -115,6 +115,14 @@ BOOST_AUTO_TEST_CASE(slurm_topology_conf) {
   BOOST_TEST(has(error_of("SwitchName=s0 Nodes=n[1-\n"), ":1: malformed hostlist"));
   BOOST_TEST(has(error_of("SwitchName=s0 Nodez=n1\n"), ":1: unknown key 'Nodez'"));
   BOOST_TEST(has(error_of("Nodes=n1\n"), ":1: line without SwitchName="));
+  // What `scontrol show topology` prints: Level=, and the upper switch lists every node below it.
+  const Topology sc = Topology::from_slurm_conf(write_file(
+      "SwitchName=rack1 Level=0 LinkSpeed=1 Nodes=n1,n2\nSwitchName=rack2 Level=0 LinkSpeed=1 Nodes=n3,n4\n"
+      "SwitchName=top Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=rack[1-2]\n"));
+  BOOST_TEST(sc.rack_of("n2") == 0);
+  BOOST_TEST(sc.rack_of("n3") == 1);
+  BOOST_TEST(sc.rack_name(1) == "rack2");
+  BOOST_TEST(sc.hosts().size() == 4u);
   Topology s;
   s.add_slurm_address("nid001", "spine.tor3.nid001", "switch.switch.node");
   s.add_slurm_address("nid002", "spine.tor4.nid002", "switch.switch.node");
