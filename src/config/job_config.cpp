@@ -55,6 +55,25 @@ std::string JobConfig::origin_of(const std::string& dotted_key) const {
 }
 
 ModelArgs JobConfig::model_args() const {
+  // The arguments depend on [model] alone. validate() and the pipeline split ask for them once
+  // per call, and `meshtrain plan` validates a million configurations of one model: the last
+  // section that resolved is remembered per thread (errors are not cached: they rethrow with
+  // this deck's key origins).
+  struct Last {
+    bool set = false;
+    ModelSection section;
+    ModelArgs args;
+  };
+  thread_local Last last;
+  if (last.set && last.section == model) return last.args;
+  ModelArgs a = resolve_model_args();
+  last.section = model;
+  last.args = a;
+  last.set = true;
+  return a;
+}
+
+ModelArgs JobConfig::resolve_model_args() const {
   const auto names = model_names();
   if (const char* what = torchtitan_model_feature(model.name))
     fail(*this, "model.name", std::string(what) + " '" + model.name + "' (TorchTitan) is not implemented yet (models: " +

@@ -43,6 +43,7 @@ struct ModelSection {
   std::string score_func;  ///< softmax | sigmoid; "" = the flavor's
   std::optional<bool> route_norm;
   std::optional<double> route_scale, load_balance_coeff, aux_loss_coeff, z_loss_coeff;
+  bool operator==(const ModelSection&) const = default;
 };
 
 /// [optimizer]
@@ -248,8 +249,12 @@ struct JobConfig {
   std::string origin_of(const std::string& dotted_key) const;
 
   /// The model shape: flavor table entry of (model.name, model.flavor) with [model] overrides.
-  /// @throws ConfigError unknown name/flavor, naming the key's origin.
+  /// @throws ConfigError unknown name/flavor, naming the key's origin. The last [model] section
+  /// resolved is remembered per thread (the planner asks a million times for one model).
   ModelArgs model_args() const;
+  /// model_args() without the memo: the flavor table, the overrides and their checks.
+  /// @throws ConfigError as model_args().
+  ModelArgs resolve_model_args() const;
 
   /// Checks every cross-key rule for a run on `world_size` ranks and resolves the degrees:
   /// dp_replicate × dp_shard × cp × tp × pp == world_size (dp_shard = -1 fills),

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "graph/executor.hpp"
 #include "model/parameter_catalog.hpp"
@@ -39,6 +41,45 @@ std::string model_key(const ModelArgs& a) {
   return key_of(k, {a.dim, a.n_layers, a.vocab_size, a.ffn_dim(), a.num_experts, a.moe_inter_dim,
                     a.num_shared_experts, a.n_heads, a.n_kv_heads, a.head_dim, int64_t(a.qk_norm),
                     int64_t(a.tie_word_embeddings), a.n_dense_layers, a.moe_layer_step, a.top_k});
+}
+
+// FNV-1a over a memo key's integers.
+struct IntsHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
+    return size_t(h);
+  }
+};
+
+// A number per distinct string (schedule names in memo keys), stable for the process.
+int64_t intern(const std::string& s) {
+  static std::mutex mu;
+  static std::map<std::string, int64_t, std::less<>> ids;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = ids.find(s);
+  if (it == ids.end()) it = ids.emplace(s, int64_t(ids.size()) + 1).first;
+  return it->second;
+}
+
+// A number per distinct model shape (model_key), stable for the process. The last model asked
+// is remembered per thread by its fields, so the planner's calls (one model) format no key.
+int64_t model_id(const ModelArgs& a) {
+  struct Last {
+    std::string name, flavor;
+    std::array<int64_t, 15> v{};
+    int64_t id = 0;
+  };
+  thread_local Last last;
+  const std::array<int64_t, 15> v = {a.dim, a.n_layers, a.vocab_size, a.ffn_dim(), a.num_experts, a.moe_inter_dim,
+                                     a.num_shared_experts, a.n_heads, a.n_kv_heads, a.head_dim, int64_t(a.qk_norm),
+                                     int64_t(a.tie_word_embeddings), a.n_dense_layers, a.moe_layer_step, a.top_k};
+  if (last.id > 0 && last.v == v && last.name == a.name && last.flavor == a.flavor) return last.id;
+  last.name = a.name;
+  last.flavor = a.flavor;
+  last.v = v;
+  last.id = intern(model_key(a));
+  return last.id;
 }
 
 // One parameter as a rank holds it: rows × row elements (tp-local, experts split over ep).
@@ -130,7 +171,7 @@ const Flight& in_flight(const PipelinePlan& plan) {
     auto it = cache.find(key);
     if (it != cache.end()) return *it->second;
   }
-  const SimulationResult sim = simulate_schedule(s, {}, /*in_flight_states=*/true);
+  const SimulationResult sim = simulate_schedule(s, {}, /*in_flight_states=*/true, /*timeline=*/false);
   auto f = std::make_shared<Flight>();
   f->peak = sim.peak_in_flight;
   std::lock_guard<std::mutex> lock(mu);
@@ -325,26 +366,31 @@ int64_t phase_total_zero12(const RankState& st, const Phases& act, const GradByt
   int64_t best = 0, issued = 0;
   if (zero == 2)  // forward phases, with the gradients a pipelined step keeps
     for (size_t i = 0; i < idx.size() && i < act.fwd.size(); ++i) best = std::max(best, act.fwd[i] + grads.forward);
-  std::vector<int64_t> recent;  // reduce-scatter inputs in issue order
-  for (size_t i = idx.size(); i-- > 0;) {
-    if (i >= act.bwd.size()) continue;
+  const size_t n = std::min(idx.size(), act.bwd.size());
+  if (once) {  // reducing once: no reduce-scatter before the last micro-batch
+    for (size_t i = 0; i < n; ++i)
+      best = std::max(best, std::max(act.bwd[i], act.after[i]) + (zero == 2 ? grads.backward[i] : 0));
+    return best;
+  }
+  // Reduce-scatter inputs in issue order (backward runs the units last to first): the first
+  // issued and the last two are all the rules below read.
+  int64_t first = 0, last = 0, before_last = 0;
+  size_t count = 0;
+  for (size_t i = n; i-- > 0;) {
     // Over MPI on the cpu backend they progress only inside other MPI calls: ZeRO-2's are all
     // alive at the end of backward, ZeRO-1's (issued together in the last backward) all but the
     // first (measured); NCCL retires them as it goes: the last two.
-    int64_t in_flight = zero == 1 && !recent.empty() ? issued - recent.front() : issued;
-    if (!cpu) {
-      in_flight = 0;
-      for (size_t k = recent.size() >= 2 ? recent.size() - 2 : 0; k < recent.size(); ++k) in_flight += recent[k];
-    }
+    int64_t in_flight = zero == 1 && count > 0 ? issued - first : issued;
+    if (!cpu) in_flight = (count >= 1 ? last : 0) + (count >= 2 ? before_last : 0);
     const int64_t g = zero == 2 ? grads.backward[i] : 0;
-    if (once) {  // reducing once: no reduce-scatter before the last micro-batch
-      best = std::max(best, std::max(act.bwd[i], act.after[i]) + g);
-      continue;
-    }
     best = std::max(best, act.bwd[i] + rb * in_flight + g);
     best = std::max(best, act.after[i] + rb * (in_flight + unit(i).gather) + g);
-    issued += unit(i).gather;
-    recent.push_back(unit(i).gather);
+    const int64_t gathered = unit(i).gather;
+    issued += gathered;
+    if (count == 0) first = gathered;
+    before_last = last;
+    last = gathered;
+    ++count;
   }
   return best;
 }
@@ -362,13 +408,19 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args, const ParallelDims& d, const PipelinePlan* plan,
                                    bool sequence_parallel) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const std::vector<RankState>>> memo;
-  std::string key = key_of(model_key(args), {d.tp, d.ep, d.dp_shard * d.cp, d.pp, int64_t(sequence_parallel)});
+  static std::unordered_map<std::vector<int64_t>, std::shared_ptr<const std::vector<RankState>>, IntsHash> memo;
+  // Integers only (the model and schedule names as interned ids): the planner asks once per
+  // candidate, and formatting a string key cost more than the prediction it saved.
+  std::vector<int64_t> key = {model_id(args), d.tp, d.ep, d.dp_shard * d.cp, d.pp, int64_t(sequence_parallel)};
   if (d.pp > 1 && plan) {
-    key += '/';
-    key += plan->schedule.name;
-    key = key_of(key, {plan->microbatches, plan->schedule.stages_per_rank});
-    for (const StageLayers& s : plan->stages) key = key_of(key, {s.first_layer, s.num_layers});
+    key.reserve(key.size() + 3 + 2 * plan->stages.size());
+    key.push_back(intern(plan->schedule.name));
+    key.push_back(plan->microbatches);
+    key.push_back(plan->schedule.stages_per_rank);
+    for (const StageLayers& s : plan->stages) {
+      key.push_back(s.first_layer);
+      key.push_back(s.num_layers);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -465,6 +517,7 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       if (args.num_experts > 0)
         for (int64_t b : sg.blocks) st.signature += args.is_moe_layer(b) ? 'm' : 'd';
     }
+    st.signature_id = intern(st.signature);
     out.push_back(std::move(st));
   }
   return out;
@@ -495,15 +548,16 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
   as.args = args;
   // Pipeline ranks of the same shape give the same prediction: (signature, where selective
   // recomputation falls in each stage) of the ranks predicted so far.
-  std::vector<std::pair<const std::string*, std::vector<int64_t>>> seen;
+  // (Signatures compared as their interned numbers: a pp 64 split compares 2,000 pairs.)
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> seen;
   for (const RankState& st : *states) {
     std::vector<int64_t> phase;
     if (every > 1)
       for (const ActivationShape::Stage& sg : *st.stages) phase.push_back(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
     bool repeat = false;
-    for (const auto& [sig, ph] : seen) repeat |= *sig == st.signature && ph == phase;
+    for (const auto& [sig, ph] : seen) repeat |= sig == st.signature_id && ph == phase;
     if (repeat) continue;
-    seen.emplace_back(&st.signature, std::move(phase));
+    seen.emplace_back(st.signature_id, std::move(phase));
     MemoryPrediction m;
     const int64_t flat = st.flat, shard = st.shard;
     switch (zero) {

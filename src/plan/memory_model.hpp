@@ -86,6 +86,8 @@ struct RankState {
   int64_t states_id = 0;
   /// Equal for ranks whose predictions are equal (state sizes, stage shapes, MoE pattern).
   std::string signature;
+  /// A number per distinct signature in this process (equal numbers, equal signatures).
+  int64_t signature_id = 0;
 };
 
 /// Every pp rank's RankState (memoized per model split). @throws std::invalid_argument (tp /

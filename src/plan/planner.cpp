@@ -1,6 +1,7 @@
 #include "plan/planner.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -257,6 +258,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   // stages and schedule are shared by every candidate with that key.
   std::map<std::string, std::shared_ptr<const PipelinePlan>> pipeline_plans;
   std::map<std::string, PlanCandidate> best_of, least_of;  // per family
+  std::map<std::array<int64_t, 7>, std::string> family_names;
   const int64_t keep = std::max<int64_t>(opts.top, 1);
   auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
     return x.time.tokens_per_s_per_device > y.time.tokens_per_s_per_device;
@@ -408,7 +410,12 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                               ++res.invalid_reasons[std::string("prediction: ") + e.what()];
                               continue;
                             }
-                            const std::string fam = c.family();
+                            // family() formats a string; one per (degrees, ZeRO stage).
+                            const std::array<int64_t, 7> fam_key = {c.dims.dp_replicate, c.dims.dp_shard, c.dims.cp,
+                                                                    c.dims.tp, c.dims.pp, c.dims.ep, c.zero};
+                            auto fam_it = family_names.find(fam_key);
+                            if (fam_it == family_names.end()) fam_it = family_names.emplace(fam_key, c.family()).first;
+                            const std::string& fam = fam_it->second;
                             auto lit = least_of.find(fam);
                             if (lit == least_of.end() || c.memory.total < lit->second.memory.total) least_of[fam] = c;
                             if (!c.fits) continue;

@@ -111,8 +111,26 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // ---- compute ----
   const CheckpointPolicy ac =
       CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
+  // ac.recompute of every block index, made once per (policy, layers): the loops below ask it
+  // for every block of every pipeline rank, and the planner predicts a million candidates.
+  struct RecomputeFlags {
+    CheckpointPolicy::Mode mode = CheckpointPolicy::Mode::kNone;
+    int64_t every = -1, layers = -1;
+    std::vector<char> flags;
+  };
+  thread_local RecomputeFlags rec_memo;
+  if (rec_memo.mode != ac.mode || rec_memo.every != ac.every || rec_memo.layers != a.n_layers) {
+    rec_memo.mode = ac.mode;
+    rec_memo.every = ac.every;
+    rec_memo.layers = a.n_layers;
+    rec_memo.flags.assign(size_t(std::max<int64_t>(a.n_layers, 0)), 0);
+    for (int64_t b = 0; b < a.n_layers; ++b) rec_memo.flags[size_t(b)] = ac.recompute(b) ? 1 : 0;
+  }
+  auto recomputed = [&](int64_t b) {
+    return b >= 0 && b < a.n_layers ? rec_memo.flags[size_t(b)] != 0 : ac.recompute(b);
+  };
   double recompute_fraction = 0;  // of the blocks, whose forward runs twice
-  for (int64_t b = 0; b < a.n_layers; ++b) recompute_fraction += ac.recompute(b) ? 1.0 / double(a.n_layers) : 0.0;
+  for (int64_t b = 0; b < a.n_layers; ++b) recompute_fraction += recomputed(b) ? 1.0 / double(a.n_layers) : 0.0;
   const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
   // Shapes: a micro-batch's rows on the rank (tokens of its local batch or pipeline micro-batch
   // after the cp cut), and the attention calls they make. Without cp one causal call over the
@@ -156,7 +174,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
     double t_r = m_r / head_eff;
     for (size_t i = 0; i < st.blocks.size(); ++i) {
-      const double rec = ac.recompute(st.blocks[i]) ? 1.0 : 0.0;
+      const double rec = recomputed(st.blocks[i]) ? 1.0 : 0.0;
       const double f = (6.0 + 2.0 * rec) * st.block_params[i];
       m_r += f;
       t_r += f / (a.is_moe_layer(st.blocks[i]) ? moe_eff : dense_eff);
@@ -185,7 +203,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     try {
       bubble_fraction = textbook_bubble(plan->schedule).value;
     } catch (const std::exception&) {
-      bubble_fraction = simulate_schedule(plan->schedule).bubble_fraction();
+      bubble_fraction = simulate_schedule(plan->schedule, {}, false, /*timeline=*/false).bubble_fraction();
     }
   }
   // CPU ranks of one node share its memory bandwidth (the cpu entry's is the node's: each busy
@@ -216,7 +234,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     if (double(st.blocks.size()) > stage_blocks) {
       stage_blocks = double(st.blocks.size());
       stage_recomputed = 0;
-      for (int64_t b : st.blocks) stage_recomputed += ac.recompute(b) ? 1.0 : 0.0;
+      for (int64_t b : st.blocks) stage_recomputed += recomputed(b) ? 1.0 : 0.0;
     }
   const double merge_bytes = double(micro) * (stage_blocks * (cp_merge_fwd + cp_merge_bwd) + stage_recomputed * cp_merge_fwd);
   p.compute_s = mm_time / (peak * hw.matmul_efficiency) + attn / (peak * attention_eff) +

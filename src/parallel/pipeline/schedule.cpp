@@ -180,7 +180,6 @@ void zbv(PipelineSchedule& s) {
   zero_bubble(s, fwd, bwd, limit, false);
 }
 
-using Key = std::tuple<ActionType, int, int>;  // (type, stage, mb)
 struct Where {
   int rank;
   size_t index;
@@ -311,17 +310,17 @@ void insert_communication(PipelineSchedule& s) {
   // about the same time, which is what a stream-ordered backend needs (stream_order.hpp).
   SimulationResult sim;
   try {
-    sim = simulate_schedule(s);
+    sim = simulate_schedule(s, {}, /*in_flight_states=*/false, /*timeline=*/false);
   } catch (const ScheduleError&) {
     return;  // a broken list: validate_schedule() names what is wrong with it
   }
-  std::map<std::tuple<int, int, int>, int64_t> sent_at;  // (is gradient, receiving stage, mb) → producer's finish
+  MessageTimes sent_at(s);  // (is gradient, receiving stage, mb) → producer's finish
   for (int r = 0; r < s.pp; ++r) {
     const std::vector<Action>& list = s.ranks[r];
     for (size_t i = 0; i + 1 < list.size(); ++i) {
       const Action& a = list[i + 1];
-      if (a.type == ActionType::kSendActivation) sent_at[{0, a.stage + 1, a.microbatch}] = sim.finish[r][i];
-      if (a.type == ActionType::kSendGradient) sent_at[{1, a.stage - 1, a.microbatch}] = sim.finish[r][i];
+      if (a.type == ActionType::kSendActivation) sent_at.put(false, a.stage + 1, a.microbatch, sim.finish[r][i]);
+      if (a.type == ActionType::kSendGradient) sent_at.put(true, a.stage - 1, a.microbatch, sim.finish[r][i]);
     }
   }
   for (int r = 0; r < s.pp; ++r) {
@@ -342,7 +341,9 @@ void insert_communication(PipelineSchedule& s) {
     std::vector<std::vector<std::pair<int64_t, Action>>> recvs(compute.size() + 1);
     for (const Action& a : s.ranks[r]) {
       if (a.type != ActionType::kRecvActivation && a.type != ActionType::kRecvGradient) continue;
-      const int64_t t = sent_at.at({a.type == ActionType::kRecvGradient, a.stage, a.microbatch});
+      const int64_t t = sent_at.get(a.type == ActionType::kRecvGradient, a.stage, a.microbatch);
+      // (The simulation ran every RECV after its SEND, so each has a time.)
+      if (t < 0) throw std::out_of_range("insert_communication: a receive without its send");
       const size_t gap = size_t(std::lower_bound(starts.begin(), starts.end(), t) - starts.begin());
       recvs[gap].push_back({t, a});
     }
@@ -363,7 +364,12 @@ void validate_schedule(const PipelineSchedule& s) {
   if (static_cast<int>(s.ranks.size()) != s.pp)
     throw ScheduleError("schedule " + s.name + " has " + std::to_string(s.ranks.size()) + " rank lists for pp = " +
                         std::to_string(s.pp));
-  std::map<Key, Where> where;
+  // Where each (type, stage, mb) runs: a flat table (every action's stage and micro-batch are
+  // checked in range before it is entered; rank −1: no such action), as the planner validates
+  // schedules of 10^5 actions.
+  constexpr size_t kTypes = size_t(ActionType::kRecvGradient) + 1;
+  std::vector<Where> where(kTypes * size_t(std::max(S, 0)) * size_t(std::max(M, 0)), Where{-1, 0});
+  auto slot = [&](ActionType t, int stage, int mb) { return (size_t(t) * size_t(S) + size_t(stage)) * size_t(M) + size_t(mb); };
   for (int r = 0; r < s.pp; ++r) {
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const Action& a = s.ranks[r][i];
@@ -371,15 +377,17 @@ void validate_schedule(const PipelineSchedule& s) {
         throw ScheduleError(at_rank(r, a) + "micro-batch outside [0, " + std::to_string(M) + ")");
       if (a.stage < 0 || a.stage >= S || s.rank_of(a.stage) != r)
         throw ScheduleError(at_rank(r, a) + "stage " + std::to_string(a.stage) + " does not live on this rank");
-      auto [it, fresh] = where.emplace(Key{a.type, a.stage, a.microbatch}, Where{r, i});
-      if (!fresh)
-        throw ScheduleError(at_rank(r, a) + "appears twice (action " + std::to_string(it->second.index) + " and " +
+      Where& w = where[slot(a.type, a.stage, a.microbatch)];
+      if (w.rank >= 0)
+        throw ScheduleError(at_rank(r, a) + "appears twice (action " + std::to_string(w.index) + " and " +
                             std::to_string(i) + ")");
+      w = Where{r, i};
     }
   }
   auto find = [&](ActionType t, int stage, int mb) -> const Where* {
-    auto it = where.find(Key{t, stage, mb});
-    return it == where.end() ? nullptr : &it->second;
+    if (stage < 0 || stage >= S || mb < 0 || mb >= M) return nullptr;
+    const Where& w = where[slot(t, stage, mb)];
+    return w.rank < 0 ? nullptr : &w;
   };
   auto name = [](ActionType t, int stage, int mb) { return to_string(Action{t, stage, mb}); };
   // `needed` (on rank r before index i) must be available: produced earlier on the same rank, or
@@ -481,7 +489,7 @@ void validate_schedule(const PipelineSchedule& s) {
                           std::to_string(got[k]));
     }
   }
-  simulate_schedule(s);  // throws on deadlock
+  simulate_schedule(s, {}, /*in_flight_states=*/false, /*timeline=*/false);  // throws on deadlock
   check_stream_ordered(s);
 }
 

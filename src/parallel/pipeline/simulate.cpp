@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <utility>
 
 namespace meshtrain {
 
@@ -20,6 +21,30 @@ int64_t cost_of(const Action& a, const UnitCosts& c) {
 
 }  // namespace
 
+MessageTimes::MessageTimes(const PipelineSchedule& s) : stages_(s.num_stages()), microbatches_(s.microbatches) {
+  if (stages_ > 0 && microbatches_ > 0) flat_.assign(size_t(2) * size_t(stages_) * size_t(microbatches_), -1);
+}
+
+const int64_t* MessageTimes::slot(bool gradient, int stage, int microbatch) const {
+  if (flat_.empty() || stage < 0 || stage >= stages_ || microbatch < 0 || microbatch >= microbatches_) return nullptr;
+  return &flat_[(size_t(gradient) * size_t(stages_) + size_t(stage)) * size_t(microbatches_) + size_t(microbatch)];
+}
+
+int64_t* MessageTimes::slot(bool gradient, int stage, int microbatch) {
+  return const_cast<int64_t*>(std::as_const(*this).slot(gradient, stage, microbatch));
+}
+
+void MessageTimes::put(bool gradient, int stage, int microbatch, int64_t t) {
+  if (int64_t* p = slot(gradient, stage, microbatch)) *p = t;
+  else other_[{gradient, stage, microbatch}] = t;
+}
+
+int64_t MessageTimes::get(bool gradient, int stage, int microbatch) const {
+  if (const int64_t* p = slot(gradient, stage, microbatch)) return *p;
+  const auto it = other_.find({gradient, stage, microbatch});
+  return it == other_.end() ? -1 : it->second;
+}
+
 double SimulationResult::bubble_fraction() const {
   double worst = 0;
   for (size_t r = 0; r < busy.size(); ++r)
@@ -27,7 +52,8 @@ double SimulationResult::bubble_fraction() const {
   return worst;
 }
 
-SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs, bool in_flight_states) {
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs, bool in_flight_states,
+                                   bool timeline) {
   const int P = static_cast<int>(s.ranks.size());
   std::vector<size_t> pos(P, 0);
   std::vector<int64_t> now(P, 0);
@@ -77,7 +103,7 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
     out.finish[r].assign(s.ranks[r].size(), -1);
   }
   // (is gradient, sending stage, mb) → time the message is available to its receiver
-  std::map<std::tuple<bool, int, int>, int64_t> arrived;
+  MessageTimes arrived(s);
   struct Slot {
     int64_t start, length;
     std::string label;
@@ -90,14 +116,15 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
         const Action& a = s.ranks[r][pos[r]];
         if (a.type == ActionType::kRecvActivation || a.type == ActionType::kRecvGradient) {
           const bool grad = a.type == ActionType::kRecvGradient;
-          auto it = arrived.find({grad, grad ? a.stage + 1 : a.stage - 1, a.microbatch});
-          if (it == arrived.end()) break;
-          now[r] = std::max(now[r], it->second);
+          const int from = grad ? a.stage + 1 : a.stage - 1;
+          const int64_t t = arrived.get(grad, from, a.microbatch);
+          if (t < 0) break;
+          now[r] = std::max(now[r], t);
         } else if (a.type == ActionType::kSendActivation || a.type == ActionType::kSendGradient) {
-          arrived[{a.type == ActionType::kSendGradient, a.stage, a.microbatch}] = now[r] + costs.communication;
+          arrived.put(a.type == ActionType::kSendGradient, a.stage, a.microbatch, now[r] + costs.communication);
         } else {
           const int64_t c = cost_of(a, costs);
-          slots[r].push_back({now[r], c, to_string(a)});
+          if (timeline) slots[r].push_back({now[r], c, to_string(a)});
           out.start[r][pos[r]] = now[r];
           now[r] += c;
           out.finish[r][pos[r]] = now[r];
@@ -137,7 +164,7 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   if (!blocked.empty()) throw ScheduleError("schedule " + s.name + " deadlocks: " + blocked);
   out.makespan = P ? *std::max_element(now.begin(), now.end()) : 0;
   out.idle.resize(P);
-  out.timeline.assign(P, std::vector<std::string>(out.makespan));
+  if (timeline) out.timeline.assign(P, std::vector<std::string>(out.makespan));
   for (int r = 0; r < P; ++r) {
     out.idle[r] = out.makespan - out.busy[r];
     for (const Slot& sl : slots[r])

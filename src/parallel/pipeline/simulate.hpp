@@ -19,7 +19,9 @@
 ///    (pp − 1) / (6·m). With T_F = T_I = T_W, ZB-V (Qi et al. 2024) fills every other bubble
 ///    with W passes; the tests check that the generator here reaches this bound.
 #include <cstdint>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "parallel/pipeline/schedule.hpp"
@@ -68,11 +70,32 @@ struct SimulationResult {
   /// [pp][actions of the rank] when each compute action starts and finishes; -1 for
   /// communication actions.
   std::vector<std::vector<int64_t>> start, finish;
-  /// [pp][makespan] the compute action occupying each unit slot (to_string form), "" when idle.
+  /// [pp][makespan] the compute action occupying each unit slot (to_string form), "" when idle
+  /// (empty when simulate_schedule() was called with timeline = false).
   std::vector<std::vector<std::string>> timeline;
 
   /// max over ranks of idle / busy (0 for a rank with no work).
   double bubble_fraction() const;
+};
+
+/// A time per pipeline message (is gradient, stage, micro-batch), unset until put: a flat table
+/// over `s`'s stages and micro-batches (the planner simulates schedules of 10^5 actions, where a
+/// map per message cost most of the time), and a map for keys outside them (lists that
+/// validate_schedule() would refuse can still be simulated). Times are ≥ 0.
+class MessageTimes {
+ public:
+  explicit MessageTimes(const PipelineSchedule& s);
+  /// Records `t` for the key (replacing an earlier one).
+  void put(bool gradient, int stage, int microbatch, int64_t t);
+  /// The recorded time, or −1 when none was put. Throws nothing.
+  int64_t get(bool gradient, int stage, int microbatch) const;
+
+ private:
+  int64_t* slot(bool gradient, int stage, int microbatch);
+  const int64_t* slot(bool gradient, int stage, int microbatch) const;
+  int stages_ = 0, microbatches_ = 0;
+  std::vector<int64_t> flat_;
+  std::map<std::tuple<bool, int, int>, int64_t> other_;
 };
 
 /// Runs `s` under `costs`. Does not check data dependencies (validate_schedule() does); it only
@@ -81,7 +104,11 @@ struct SimulationResult {
 ///         unfinished — naming every blocked rank and the action it waits at.
 /// `in_flight_states`: also list SimulationResult::in_flight_states (the planner's memory model
 /// needs them; they cost a dominance check per compute action), else those lists stay empty.
-SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs = {}, bool in_flight_states = false);
+/// `timeline`: also fill SimulationResult::timeline (one string per rank and unit slot, what
+/// format_timeline prints); callers that only need times, verdicts or states pass false (the
+/// planner simulates schedules of 10^5 actions), and timeline stays empty.
+SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& costs = {}, bool in_flight_states = false,
+                                   bool timeline = true);
 
 /// A schedule's bubble fraction from the papers, for the unit costs above.
 struct BubbleFormula {
