@@ -420,7 +420,9 @@ std::string ByteLevelBpeTokenizer::decode(const std::vector<int32_t>& ids) const
 int64_t ByteLevelBpeTokenizer::vocab_size() const { return impl_->vocab; }
 int32_t ByteLevelBpeTokenizer::eos_id() const { return impl_->eos; }
 int32_t ByteLevelBpeTokenizer::bos_id() const { return impl_->bos; }
-bool ByteLevelBpeTokenizer::adds_bos() const { return impl_->bos >= 0; }
+bool ByteLevelBpeTokenizer::adds_bos() const {
+  return impl_->bos >= 0 && std::find(impl_->prefix.begin(), impl_->prefix.end(), impl_->bos) == impl_->prefix.end();
+}
 std::string ByteLevelBpeTokenizer::type() const { return impl_->type; }
 std::vector<TokenizerFile> ByteLevelBpeTokenizer::files() const { return impl_->files; }
 

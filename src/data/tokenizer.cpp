@@ -35,7 +35,7 @@ bool looks_like_tiktoken(const std::string& b) {
 
 std::vector<int32_t> Tokenizer::encode_document(std::string_view text) const {
   std::vector<int32_t> ids = encode(text);
-  if (adds_bos() && (ids.empty() || ids.front() != bos_id())) ids.insert(ids.begin(), bos_id());
+  if (adds_bos()) ids.insert(ids.begin(), bos_id());
   ids.push_back(eos_id());
   return ids;
 }

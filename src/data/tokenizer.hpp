@@ -29,9 +29,8 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   /// Ids of `text` without the post-processor's special tokens (for decode round trips).
   virtual std::vector<int32_t> encode_plain(std::string_view text) const = 0;
-  /// One training document: encode(text) with bos_id() in front when adds_bos() and the
-  /// post-processor did not already put it there, and eos_id() at the end (TorchTitan's
-  /// HuggingFaceTokenizer.encode(text, add_bos=True, add_eos=True)).
+  /// One training document: encode(text) with bos_id() in front when adds_bos(), and eos_id()
+  /// at the end (TorchTitan's HuggingFaceTokenizer.encode(text, add_bos=True, add_eos=True)).
   std::vector<int32_t> encode_document(std::string_view text) const;
   /// Text of `ids`, special tokens included as their strings. @throws DataError on an unknown id.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -40,7 +39,8 @@ class Tokenizer {
   virtual int32_t eos_id() const = 0;
   /// Id of the beginning-of-sequence token, or -1 when the tokenizer has none.
   virtual int32_t bos_id() const = 0;
-  /// Whether documents start with bos_id().
+  /// Whether encode_document puts bos_id() in front: the tokenizer has a bos and its
+  /// post-processor does not already add it (TorchTitan's hf_adds_bos test).
   virtual bool adds_bos() const = 0;
   /// "sentencepiece", "tokenizer.json" or "tiktoken".
   virtual std::string type() const = 0;
