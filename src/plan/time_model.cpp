@@ -111,26 +111,35 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // ---- compute ----
   const CheckpointPolicy ac =
       CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
-  // ac.recompute of every block index, made once per (policy, layers): the loops below ask it
-  // for every block of every pipeline rank, and the planner predicts a million candidates.
+  // ac.recompute of every block index and the fraction recomputed, made once per (policy,
+  // layers): the loops below ask for every block of every pipeline rank, and the planner
+  // predicts a million candidates cycling through a few policies.
   struct RecomputeFlags {
     CheckpointPolicy::Mode mode = CheckpointPolicy::Mode::kNone;
     int64_t every = -1, layers = -1;
     std::vector<char> flags;
+    double fraction = 0;
   };
-  thread_local RecomputeFlags rec_memo;
-  if (rec_memo.mode != ac.mode || rec_memo.every != ac.every || rec_memo.layers != a.n_layers) {
-    rec_memo.mode = ac.mode;
-    rec_memo.every = ac.every;
-    rec_memo.layers = a.n_layers;
-    rec_memo.flags.assign(size_t(std::max<int64_t>(a.n_layers, 0)), 0);
-    for (int64_t b = 0; b < a.n_layers; ++b) rec_memo.flags[size_t(b)] = ac.recompute(b) ? 1 : 0;
+  thread_local std::vector<RecomputeFlags> rec_memo;
+  const RecomputeFlags* rec = nullptr;
+  for (const RecomputeFlags& f : rec_memo)
+    if (f.mode == ac.mode && f.every == ac.every && f.layers == a.n_layers) rec = &f;
+  if (!rec) {
+    if (rec_memo.size() >= 64) rec_memo.clear();  // bounded: a search tries about ten policies
+    RecomputeFlags f;
+    f.mode = ac.mode;
+    f.every = ac.every;
+    f.layers = a.n_layers;
+    f.flags.assign(size_t(std::max<int64_t>(a.n_layers, 0)), 0);
+    for (int64_t b = 0; b < a.n_layers; ++b) f.flags[size_t(b)] = ac.recompute(b) ? 1 : 0;
+    for (int64_t b = 0; b < a.n_layers; ++b) f.fraction += f.flags[size_t(b)] ? 1.0 / double(a.n_layers) : 0.0;
+    rec_memo.push_back(std::move(f));
+    rec = &rec_memo.back();
   }
   auto recomputed = [&](int64_t b) {
-    return b >= 0 && b < a.n_layers ? rec_memo.flags[size_t(b)] != 0 : ac.recompute(b);
+    return b >= 0 && b < a.n_layers ? rec->flags[size_t(b)] != 0 : ac.recompute(b);
   };
-  double recompute_fraction = 0;  // of the blocks, whose forward runs twice
-  for (int64_t b = 0; b < a.n_layers; ++b) recompute_fraction += recomputed(b) ? 1.0 / double(a.n_layers) : 0.0;
+  const double recompute_fraction = rec->fraction;  // of the blocks, whose forward runs twice
   const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
   // Shapes: a micro-batch's rows on the rank (tokens of its local batch or pipeline micro-batch
   // after the cp cut), and the attention calls they make. Without cp one causal call over the

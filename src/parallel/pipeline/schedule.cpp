@@ -1,6 +1,7 @@
 #include "parallel/pipeline/schedule.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <limits>
 #include <map>
@@ -192,7 +193,10 @@ std::string at_rank(int rank, const Action& a) {
 }  // namespace
 
 std::string to_string(const Action& a) {
-  return std::to_string(a.stage) + type_code(a.type) + std::to_string(a.microbatch);
+  // One buffer, no temporaries: the schedule checks name every action of schedules of 10^5.
+  char buf[48];
+  const int n = std::snprintf(buf, sizeof buf, "%d%s%d", a.stage, type_code(a.type), a.microbatch);
+  return std::string(buf, size_t(n));
 }
 
 Action parse_action(const std::string& text) {

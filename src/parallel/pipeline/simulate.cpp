@@ -83,16 +83,25 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   // ends), keeping only the states no other one of the same kind dominates.
   using Phase = SimulationResult::InFlightState::Phase;
   auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run, Phase phase) {
-    SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase, backed[r]};
-    if (phase != Phase::kWeight) --st.held[size_t(run)];
     auto covers = [](const SimulationResult::InFlightState& x, const SimulationResult::InFlightState& y) {
       if (x.running != y.running || x.phase != y.phase || x.backed != y.backed) return false;
       for (size_t i = 0; i < x.held.size(); ++i)
         if (x.held[i] < y.held[i] || x.pending[i] < y.pending[i]) return false;
       return true;
     };
-    for (const auto& e : into)
-      if (covers(e, st)) return;
+    // Most states are dominated by one already listed: test that before copying the counters
+    // (the planner simulates schedules of 10^5 actions).
+    const std::vector<int>& held = awaiting[r];
+    const int less = phase != Phase::kWeight ? 1 : 0;  // the running micro-batch is not held
+    for (const auto& e : into) {
+      if (e.running != run || e.phase != phase || e.backed != backed[r]) continue;
+      bool all = true;
+      for (size_t i = 0; i < e.held.size() && all; ++i)
+        all = e.held[i] >= held[i] - (i == size_t(run) ? less : 0) && e.pending[i] >= pending[r][i];
+      if (all) return;
+    }
+    SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase, backed[r]};
+    if (phase != Phase::kWeight) --st.held[size_t(run)];
     std::erase_if(into, [&](const SimulationResult::InFlightState& e) { return covers(st, e); });
     into.push_back(std::move(st));
   };

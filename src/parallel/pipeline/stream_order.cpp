@@ -1,5 +1,6 @@
 #include "parallel/pipeline/stream_order.hpp"
 
+#include <cstdio>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -24,8 +25,11 @@ Message message_of(const Action& a) {
 
 std::string message_text(const Message& m) {
   const auto [kind, to, mb] = m;
-  return std::string(kind == 0 ? "the activation into" : "the gradient into") + " stage " + std::to_string(to) +
-         " of micro-batch " + std::to_string(mb);
+  // One buffer, no temporaries: check_stream_ordered names every transfer of schedules of 10^5.
+  char buf[96];
+  const int n = std::snprintf(buf, sizeof buf, "%s stage %d of micro-batch %d",
+                              kind == 0 ? "the activation into" : "the gradient into", to, mb);
+  return std::string(buf, size_t(n));
 }
 
 std::string group_text(const std::vector<StreamTransfer>& group) {
