@@ -1,6 +1,6 @@
 // `meshtrain ckpt inspect FILE`: the tree, shapes, dtypes, train state, writer layout and checksum
 // verdict of a sharded checkpoint. `meshtrain ckpt export --format safetensors --output DIR
-// [--hf-assets-path DIR] FILE`: a Hugging Face model folder (doc/checkpoint-format.md), with the
+// [--hf-assets-path DIR] [--dtype float32|bfloat16|float16] FILE`: a Hugging Face model folder (doc/checkpoint-format.md), with the
 // tokenizer files of the run's [model] hf_assets_path. Serial; no MPI launch needed.
 #include <cstdio>
 #include <filesystem>
@@ -18,7 +18,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: meshtrain ckpt inspect FILE\n"
-    "       meshtrain ckpt export --format safetensors --output DIR [--hf-assets-path DIR] FILE";
+    "       meshtrain ckpt export --format safetensors --output DIR [--hf-assets-path DIR] [--dtype float32|bfloat16|float16] FILE";
 
 // The folder whose tokenizer files the export copies: --hf-assets-path, else the [model]
 // hf_assets_path of the deck the checkpoint was written with. A folder named by the deck that is
@@ -48,11 +48,11 @@ std::string assets_folder(const std::string& given, const std::string& checkpoin
 }
 
 int export_cmd(int argc, char** argv) {
-  std::string format, output, file, assets;
+  std::string format, output, file, assets, dtype = "float32";
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
-    if ((a == "--format" || a == "--output" || a == "--hf-assets-path") && i + 1 < argc) {
-      (a == "--format" ? format : a == "--output" ? output : assets) = argv[++i];
+    if ((a == "--format" || a == "--output" || a == "--hf-assets-path" || a == "--dtype") && i + 1 < argc) {
+      (a == "--format" ? format : a == "--output" ? output : a == "--dtype" ? dtype : assets) = argv[++i];
     } else if (a.rfind("--", 0) != 0 && file.empty()) {
       file = a;
     } else {
@@ -68,15 +68,19 @@ int export_cmd(int argc, char** argv) {
     std::fprintf(stderr, "error: ckpt export --format %s: not implemented yet (formats: safetensors)\n", format.c_str());
     return kExitConfig;
   }
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16") {
+    std::fprintf(stderr, "error: ckpt export --dtype %s: not one of float32, bfloat16, float16\n", dtype.c_str());
+    return kExitConfig;
+  }
   const std::string dir = assets_folder(assets, file);
-  const ExportSummary s = export_safetensors(file, output, dir);
+  const ExportSummary s = export_safetensors(file, output, dir, dtype);
   std::string copied;
   for (const std::string& name : s.tokenizer_files) copied += ", " + name;
   if (!dir.empty() && copied.empty()) copied = "; no tokenizer files in " + dir;
   else if (!dir.empty()) copied += " (from " + dir + ")";
-  std::printf("exported %s (step %lld) to %s: %lld tensors, %lld bytes in model.safetensors, config.json (%s)%s\n",
+  std::printf("exported %s (step %lld) to %s: %lld %s tensors, %lld bytes in model.safetensors, config.json (%s)%s\n",
               file.c_str(), static_cast<long long>(s.step), output.c_str(), static_cast<long long>(s.tensors),
-              static_cast<long long>(s.bytes), s.architecture.c_str(), copied.c_str());
+              dtype.c_str(), static_cast<long long>(s.bytes), s.architecture.c_str(), copied.c_str());
   return kExitOk;
 }
 

@@ -24,7 +24,7 @@ void usage(FILE* out) {
       "  plan --deck FILE --gpus N [--hardware NAME|FILE] [--top K] [--fixed KEYS] [--write-deck OUT]\n"
       "       [--json OUT] [--plot OUT.png]             every valid layout's predicted memory and speed\n"
       "  ckpt inspect FILE                             a checkpoint's datasets, train state and checksums\n"
-      "  ckpt export --format safetensors --output DIR FILE\n"
+      "  ckpt export --format safetensors --output DIR [--hf-assets-path DIR] [--dtype D] FILE\n"
       "                                                Hugging Face model folder (model.safetensors, config.json)\n",
       out);
 }

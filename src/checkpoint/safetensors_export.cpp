@@ -7,15 +7,18 @@
 #include <algorithm>
 #include <bit>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
 #include "checkpoint/sharded_checkpoint.hpp"
+#include "tensor/bf16.hpp"
 #include "util/errors.hpp"
 
 namespace meshtrain {
@@ -70,6 +73,39 @@ void rename_into_place(const std::string& tmp, const std::string& path) {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) h5::fail(path, "cannot rename from " + tmp + ": " + ec.message());
+}
+
+// The safetensors element types an export writes: name in the deck / command line, safetensors
+// dtype, bytes per element.
+struct ExportType {
+  const char* name;
+  const char* safetensors;
+  size_t bytes;
+};
+constexpr ExportType kExportTypes[] = {{"float32", "F32", 4}, {"bfloat16", "BF16", 2}, {"float16", "F16", 2}};
+
+// IEEE binary16 bits of `f`, rounded to nearest even (the compiler's _Float16 conversion, as
+// numpy's astype(float16) and torch's .half()); overflow gives ±inf.
+uint16_t half_from_float(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+
+// `src` float32 values as `type`'s little-endian bytes.
+std::vector<char> encode_values(const std::vector<float>& src, const ExportType& type) {
+  std::vector<char> out(src.size() * type.bytes);
+  if (type.bytes == 4) {
+    std::memcpy(out.data(), src.data(), out.size());
+    return out;
+  }
+  const bool bf16 = std::string_view(type.name) == "bfloat16";
+  for (size_t i = 0; i < src.size(); ++i) {
+    const uint16_t v = bf16 ? bf16_from_float(src[i]) : half_from_float(src[i]);
+    std::memcpy(out.data() + 2 * i, &v, 2);
+  }
+  return out;
 }
 
 nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string& path) {
@@ -246,7 +282,8 @@ std::string checkpoint_deck(const std::string& path) {
   return h5::read_string_attr(g.id, "deck", path);
 }
 
-ExportSummary export_safetensors(const std::string& path, const std::string& out_dir, const std::string& hf_assets_dir) {
+ExportSummary export_safetensors(const std::string& path, const std::string& out_dir, const std::string& hf_assets_dir,
+                                 const std::string& dtype) {
   h5::Handle file{-1, H5Fclose};
   H5E_BEGIN_TRY { file.id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT); }
   H5E_END_TRY;
@@ -288,7 +325,12 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
     if (r == -2) h5::fail(path, "a /model dataset is not float32 (bfloat16 export is not implemented yet)");
     if (r < 0) h5::fail(path, "cannot list /model");
   }
-  const nlohmann::json config = hf_config(args, seq_len, path);
+  const ExportType* type = nullptr;
+  for (const ExportType& t : kExportTypes)
+    if (dtype == t.name) type = &t;
+  if (!type) h5::fail(out_dir, "export dtype '" + dtype + "' is not one of float32, bfloat16, float16");
+  nlohmann::json config = hf_config(args, seq_len, path);
+  config["torch_dtype"] = dtype;
   summary.architecture = config["architectures"][0];
 
   // Header: {hf name: {dtype, shape, data_offsets [begin, end) in the data section}}; the data
@@ -337,9 +379,9 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
                             {"step", std::to_string(summary.step)}};
   uint64_t offset = 0;
   for (const auto& [hf, src] : order) {
-    uint64_t n = sizeof(float);
+    uint64_t n = type->bytes;
     for (hsize_t d : src.dims) n *= d;
-    header[hf] = {{"dtype", "F32"}, {"shape", src.dims}, {"data_offsets", {offset, offset + n}}};
+    header[hf] = {{"dtype", type->safetensors}, {"shape", src.dims}, {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string text = header.dump();
@@ -383,7 +425,8 @@ ExportSummary export_safetensors(const std::string& path, const std::string& out
         const int64_t rows = int64_t(e.dims[0]), cols = e.dims.size() > 1 ? int64_t(e.dims[1]) : 1;
         host = permute_rope_rows(host, rows, cols, args.head_dim);
       }
-      write_all(f, host.data(), host.size() * sizeof(float), st_tmp);
+      const std::vector<char> bytes = encode_values(host, *type);
+      write_all(f, bytes.data(), bytes.size(), st_tmp);
     }
   });
   const std::string cfg_text = config.dump(2) + "\n";

@@ -50,7 +50,9 @@ const std::vector<std::string>& hf_tokenizer_files();
 std::string checkpoint_deck(const std::string& path);
 
 /// Writes `out_dir`/model.safetensors and `out_dir`/config.json from checkpoint `path` (serial, no
-/// MPI): every /model/<name> dataset under its Hugging Face name in float32, wq / wk (and q/k
+/// MPI): every /model/<name> dataset under its Hugging Face name in `dtype` ("float32", or
+/// "bfloat16" / "float16": rounded to nearest even from the float32 masters, as torch's .to()
+/// rounds; config.json's torch_dtype says which), wq / wk (and q/k
 /// norms) permuted for Hugging Face's rotary layout, config.json from /meta/model_args. With
 /// `hf_assets_dir` (a folder, "" = none), each of hf_tokenizer_files() it holds is copied too, so
 /// the export loads with its tokenizer. The checkpoint's checksums are verified first. Each file
@@ -58,8 +60,8 @@ std::string checkpoint_deck(const std::string& path);
 /// partial export under the final names. Creates `out_dir` if missing.
 /// @throws CheckpointError naming the file: not a checkpoint, a failed checksum, a dataset that is
 /// not float32, a parameter with no Hugging Face counterpart, an unreadable tokenizer file, a
-/// write error.
+/// write error, an unknown `dtype`.
 ExportSummary export_safetensors(const std::string& path, const std::string& out_dir,
-                                 const std::string& hf_assets_dir = "");
+                                 const std::string& hf_assets_dir = "", const std::string& dtype = "float32");
 
 }  // namespace meshtrain

@@ -276,6 +276,10 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
   if (training.mixed_precision_param == "bfloat16" && training.device != "cuda")
     fail(*this, "training.mixed_precision_param",
          "bfloat16 needs [training] device = \"cuda\" (the cpu device is the float32 reference)");
+  if (checkpoint.last_save_in_hf && !(checkpoint.enable && checkpoint.last_save_model_only))
+    fail(*this, "checkpoint.last_save_in_hf",
+         "needs [checkpoint] enable = true and last_save_model_only = true (a Hugging Face folder holds the model "
+         "only, written from the model-only last save)");
   const std::string& opt = activation_checkpoint.selective_ac_option;
   if (activation_checkpoint.mode == "selective" && opt == "op")
     fail(*this, "activation_checkpoint.selective_ac_option",

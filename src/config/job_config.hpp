@@ -189,6 +189,12 @@ struct CheckpointSection {
   /// The save after the last step holds parameters only (no optimizer state): smaller, for
   /// export and evaluation; training cannot resume from it (TorchTitan's key).
   bool last_save_model_only = false;
+  /// The last save is also written as a Hugging Face model folder (model.safetensors,
+  /// config.json, the hf_assets_path tokenizer files) in <checkpoint folder>/step-NNNNNNNN-hf
+  /// (TorchTitan's key; needs enable and last_save_model_only).
+  bool last_save_in_hf = false;
+  /// Element type of that folder's tensors: "float32", "bfloat16" or "float16" (TorchTitan's key).
+  std::string export_dtype = "float32";
 };
 
 /// [comm]: collective deadlines enforced by the watchdog (TorchTitan's key names).

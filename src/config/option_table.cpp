@@ -397,6 +397,12 @@ std::vector<Option> build_option_table() {
           {"fail", "previous"});
     s.boolean("last_save_model_only", &CheckpointSection::last_save_model_only,
               "the save after the last step holds parameters only (no optimizer state; cannot be resumed from)");
+    s.boolean("last_save_in_hf", &CheckpointSection::last_save_in_hf,
+              "the last save is also written as a Hugging Face model folder <folder>/step-NNNNNNNN-hf (model.safetensors, "
+              "config.json, [model] hf_assets_path's tokenizer files); needs last_save_model_only");
+    s.str("export_dtype", &CheckpointSection::export_dtype,
+          "element type of the last_save_in_hf folder's tensors (checkpoints themselves hold float32)",
+          {"float32", "bfloat16", "float16"});
   }
   {
     Section<TopologySection> s{o, "topology", &JobConfig::topology};

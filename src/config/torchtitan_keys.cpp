@@ -358,15 +358,8 @@ Table build_table() {
   t.boolean("initial_load_in_hf_quantized", "false",
             refused_if_true("loading quantized Hugging Face safetensors is not implemented yet"));
   t.shared("last_save_model_only", "true");
-  t.boolean("last_save_in_hf", "false",
-            refused_if_true("saving safetensors during training is not implemented yet; `meshtrain ckpt export "
-                            "--format safetensors` converts a checkpoint"));
-  t.str("export_dtype", "\"float32\"",
-        {"\"float32\": honoured (meshtrain saves and exports float32); float16 / bfloat16: notice when "
-         "last_save_model_only = false (TorchTitan converts only a model-only last save), refused (not "
-         "implemented yet) when it is true",
-         nullptr},
-        {"float16", "bfloat16", "float32"});
+  t.shared("last_save_in_hf", "false");
+  t.shared("export_dtype", "\"float32\"");
   t.str("async_mode", "\"disabled\"", refused_unless("disabled", "asynchronous checkpointing is not implemented yet"),
         {"disabled", "async", "async_with_pinned_mem"});
   t.shared("keep_latest_k", "10");

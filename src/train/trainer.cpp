@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_folder.hpp"
+#include "checkpoint/safetensors_export.hpp"
 #include "checkpoint/sharded_checkpoint.hpp"
 #include "comm/mesh_communicators.hpp"
 #include "config/deck_parser.hpp"
@@ -621,6 +622,32 @@ void Trainer::save(int64_t step) {
   metrics_->write({{"event", "checkpoint_save"}, {"step", step}, {"bytes", bytes}, {"seconds", dt}});
   log::info("checkpoint: step " + std::to_string(step) + (model_only ? " (model only)" : "") + " saved to " + file + " (" +
             human_bytes(double(bytes)) + " in " + fmt("%.2f s", dt) + ")");
+  if (model_only && cfg_.checkpoint.last_save_in_hf) save_hf(step, file);
+}
+
+void Trainer::save_hf(int64_t step, const std::string& file) {
+  // The exporter reads the published checkpoint on rank 0 (serial I/O; the file is the model
+  // only); every rank learns whether it worked so all stop together if not.
+  const auto t0 = Clock::now();
+  const std::string dir = file.substr(0, file.size() - 3) + "-hf";  // step-NNNNNNNN.h5 -> step-NNNNNNNN-hf
+  std::string error;
+  ExportSummary s;
+  if (rank0_) try {
+      std::error_code ec;
+      const std::string& assets = cfg_.model.hf_assets_path;
+      s = export_safetensors(file, dir, std::filesystem::is_directory(assets, ec) ? assets : "",
+                             cfg_.checkpoint.export_dtype);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+  double failed = error.empty() ? 0 : 1;
+  world_.all_reduce_host(&failed, 1, ReduceOp::kMax);
+  if (failed) throw CheckpointError(rank0_ ? error : dir + ": the Hugging Face last save failed on rank 0");
+  metrics_->write({{"event", "hf_save"}, {"step", step}, {"bytes", s.bytes}, {"seconds", seconds_since(t0)},
+                   {"dtype", cfg_.checkpoint.export_dtype}});
+  log::info("checkpoint: step " + std::to_string(step) + " saved as a Hugging Face model in " + dir + " (" +
+            std::to_string(s.tensors) + " " + cfg_.checkpoint.export_dtype + " tensors, " + human_bytes(double(s.bytes)) +
+            ", " + s.architecture + ")");
 }
 
 TrainSummary Trainer::train() {

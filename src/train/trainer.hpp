@@ -101,6 +101,10 @@ class Trainer {
   /// Writes the checkpoint of `step` (…/step-NNNNNNNN.h5.tmp, every rank its hyperslabs) and
   /// publishes it (rename, `latest`, pruning). Collective. @throws CheckpointError, NonFiniteError.
   void save(int64_t step);
+  /// [checkpoint] last_save_in_hf: the model-only last save `file` (step `step`) exported as a
+  /// Hugging Face folder beside it (step-NNNNNNNN-hf, export_dtype) by rank 0; collective.
+  /// @throws CheckpointError on every rank when the export fails.
+  void save_hf(int64_t step, const std::string& file);
   /// Writes model_final.h5 (when [job] final_dump) and the summary record. Collective.
   TrainSummary finalize();
 

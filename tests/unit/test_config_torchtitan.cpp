@@ -290,7 +290,9 @@ BOOST_AUTO_TEST_CASE(rules_between_keys) {
                  ".toml:14: [lr_scheduler] total_steps: 20 differs from [training] steps = 10: a schedule longer or "
                  "shorter than the run is not implemented yet"));
   BOOST_TEST(has(refusal_of(b + "[checkpoint]\nexport_dtype = \"bfloat16\"\nlast_save_model_only = true\n"),
-                 "[checkpoint] export_dtype: bfloat16 export is not implemented yet"));
+                 "[checkpoint] export_dtype: bfloat16 for the HDF5 model-only last save is not implemented yet"));
+  BOOST_TEST(refusal_of(b + "[checkpoint]\nenable = true\nexport_dtype = \"bfloat16\"\nlast_save_model_only = true\n"
+                            "last_save_in_hf = true\n") == "");
   BOOST_TEST(refusal_of(b + "[checkpoint]\nexport_dtype = \"float32\"\nlast_save_model_only = true\n") == "");
   BOOST_TEST(refusal_of(b + "[validation]\nseq_len = 64\nlocal_batch_size = 2\n") == "");
   BOOST_TEST(has(refusal_of(b + "[validation]\nseq_len = 2048\n"),
