@@ -193,8 +193,10 @@ const Flight& in_flight(const PipelinePlan& plan) {
   return *cache.emplace(key, std::move(f)).first->second;  // entries are never erased: references stay valid
 }
 
-bool holds(const Part& part, const Held& h) {
-  if (h.block >= 0) return std::binary_search(part.blocks.begin(), part.blocks.end(), h.block);
+// Whether `part` holds `h`; `mine` flags the part's block indices (a table, not a search per
+// parameter: a pp 64 split asks for every parameter on every rank).
+bool holds(const Part& part, const std::vector<char>& mine, const Held& h) {
+  if (h.block >= 0) return h.block < int64_t(mine.size()) && mine[size_t(h.block)];
   if (h.embedding) return part.embedding;
   return part.head;
 }
@@ -481,8 +483,11 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     };
     // The head joins the embedding's unit when it reads the tied weight (shard_plan.cpp).
     const int64_t head_key = args.tie_word_embeddings && part.embedding ? -2 : args.n_layers;
+    std::vector<char> mine(size_t(std::max<int64_t>(args.n_layers, 0)), 0);
+    for (int64_t b : part.blocks)
+      if (b >= 0 && b < args.n_layers) mine[size_t(b)] = 1;
     for (const Held& h : params)
-      if (holds(part, h)) add(h, h.block >= 0 ? h.block : (h.embedding ? -2 : head_key));
+      if (holds(part, mine, h)) add(h, h.block >= 0 ? h.block : (h.embedding ? -2 : head_key));
     // A tied output projection on a stage without the embedding holds its own copy.
     if (args.tie_word_embeddings && part.head && !part.embedding)
       for (const Held& h : params)
@@ -526,7 +531,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states_out,
-                                std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given) {
+                                std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given,
+                                std::shared_ptr<const std::vector<RankState>> known) {
   ModelArgs own;  // a reference to the caller's when given (the planner's many candidates share one)
   const ModelArgs& args = given ? *given : (own = cfg.model_args());
   const int64_t fsdp = d.dp_shard * d.cp;
@@ -543,7 +549,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
 
   MemoryPrediction best;
   const std::shared_ptr<const std::vector<RankState>> states =
-      rank_states(args, d, plan, cfg.parallelism.enable_sequence_parallel);
+      known ? std::move(known) : rank_states(args, d, plan, cfg.parallelism.enable_sequence_parallel);
   ActivationShape as;  // filled per rank below; the model arguments copied once
   as.args = args;
   // Pipeline ranks of the same shape give the same prediction: (signature, where selective

@@ -100,11 +100,14 @@ std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args,
 /// @throws ConfigError or std::invalid_argument for a configuration that does not build.
 /// `states` and `act`, when given, receive every rank's RankState and the activation replay of
 /// the rank with the largest activations (for the time model); `args`, when given, is
-/// cfg.model_args() already computed (the planner's many candidates share one model).
+/// cfg.model_args() already computed (the planner's many candidates share one model), and
+/// `known`, when given, rank_states(args, dims, plan, enable_sequence_parallel) already computed
+/// (the planner asks once for the candidates that differ only in other knobs).
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states = nullptr,
                                 std::shared_ptr<const ActivationPrediction>* act = nullptr,
-                                const ModelArgs* args = nullptr);
+                                const ModelArgs* args = nullptr,
+                                std::shared_ptr<const std::vector<RankState>> known = nullptr);
 
 /// "parameters 1.2 GiB, gradients …, total …" — one line for logs and tables. Throws nothing.
 std::string describe_memory(const MemoryPrediction& m);

@@ -167,12 +167,27 @@ JobConfig apply_candidate(const JobConfig& deck, const PlanCandidate& c) {
 
 namespace {
 
+// The rank states of the last (model split, pipeline plan) asked: the candidates of one split
+// differ in other knobs (AC, ZeRO stage, dtypes, cp rotation), and rank_states' memo key is long.
+struct StatesCache {
+  std::array<int64_t, 5> key{};  // tp, ep, fsdp, pp, sequence parallel
+  const PipelinePlan* plan = nullptr;  // the search's plans live until it ends
+  std::shared_ptr<const std::vector<RankState>> states;
+};
+
 // Predicts `c` (its dims already validated for `cfg`).
 void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
-              const std::vector<RankPlace>& places, const ModelArgs& args) {
+              const std::vector<RankPlace>& places, const ModelArgs& args, StatesCache& cache) {
+  const std::array<int64_t, 5> key = {c.dims.tp, c.dims.ep, c.dims.dp_shard * c.dims.cp, c.dims.pp,
+                                      int64_t(cfg.parallelism.enable_sequence_parallel)};
+  if (!cache.states || cache.key != key || cache.plan != plan) {
+    cache.states = rank_states(args, c.dims, plan, cfg.parallelism.enable_sequence_parallel);
+    cache.key = key;
+    cache.plan = plan;
+  }
   std::shared_ptr<const std::vector<RankState>> states;
   std::shared_ptr<const ActivationPrediction> act;
-  c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args);
+  c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args, cache.states);
   c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
   c.fits = double(c.memory.total) <= limit;
   c.headroom = 1.0 - double(c.memory.total) / limit;
@@ -215,8 +230,9 @@ PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareS
   PipelinePlan plan;
   if (dims.pp > 1) plan = deck.pipeline_plan(dims);
   PlanCandidate c = from_deck(deck, dims);
+  StatesCache once;
   evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation),
-           placement_for(deck, world, hw, deck.topology.file), deck.model_args());
+           placement_for(deck, world, hw, deck.topology.file), deck.model_args(), once);
   c.risky = c.headroom < 1.0 - PlanOptions{}.pressure;
   return c;
 }
@@ -259,6 +275,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   std::map<std::string, std::shared_ptr<const PipelinePlan>> pipeline_plans;
   std::map<std::string, PlanCandidate> best_of, least_of;  // per family
   std::map<std::array<int64_t, 7>, std::string> family_names;
+  StatesCache states_cache;
   const int64_t keep = std::max<int64_t>(opts.top, 1);
   auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
     return x.time.tokens_per_s_per_device > y.time.tokens_per_s_per_device;
@@ -382,7 +399,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             ++res.valid;
                             c.dims = dims;
                             try {
-                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a);
+                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a, states_cache);
                               if (acm == "none") none_fits = c.fits;
                               // Selective AC when no AC does not fit: the largest N that fits
                               // (bisected over the distinct recomputed-block counts, memory
@@ -396,7 +413,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                   PlanCandidate t = c;
                                   t.ac_option = std::to_string(everies[mid]);
                                   cfg.activation_checkpoint.selective_ac_option = t.ac_option;
-                                  evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a);
+                                  evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a, states_cache);
                                   if (!t.fits) {
                                     hi = mid;
                                     continue;
