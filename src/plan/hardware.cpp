@@ -49,6 +49,8 @@ const std::map<std::string, Field>& fields() {
     m["sm_count"] = Field{[](HardwareSpec& h, double v) { h.sm_count = int64_t(v); }, nullptr, 0, 1e6, true};
     m["gemm_tile"] = Field{[](HardwareSpec& h, double v) { h.gemm_tile = int64_t(v); }, nullptr, 0, 4096, true};
     num("attention_half_seq", &HardwareSpec::attention_half_seq, 0, 1e9, false);
+    num("attention_fall_seq", &HardwareSpec::attention_fall_seq, 0, 1e12, false);
+    num("attention_fall_floor", &HardwareSpec::attention_fall_floor, 0, 1, true);
     num("step_time_error", &HardwareSpec::step_time_error, 0, 1, false);
     m["fragmentation"] = Field{[](HardwareSpec& h, double v) { h.fragmentation = v; }, nullptr, 0, 0.999999, false};
     return m;

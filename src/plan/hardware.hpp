@@ -23,6 +23,11 @@ struct HardwareSpec {
   int64_t sm_count = 1, gemm_tile = 1;
   /// Keys per query block at which flash attention reaches half its long-sequence speed (causal).
   double attention_half_seq = 0;
+  /// Keys per query row at which the attention kernel's rate has fallen to half as its per-row
+  /// working set leaves the caches (meshtrain's cpu kernel, row by row); 0: no fall (GPUs).
+  double attention_fall_seq = 0;
+  /// The fraction of the short-row rate the fall levels off at (with attention_fall_seq > 0).
+  double attention_fall_floor = 1;
   /// The step-time model's relative error band on this entry (from doc/plan.md's accuracy
   /// tables): predictions closer than this to the fastest are not told apart.
   double step_time_error = 0;

@@ -85,7 +85,13 @@ double attention_length_efficiency(double length, bool causal, int64_t head_dim,
   // 256 (no mask: 326 against 370 at 128) run at 0.89 and 0.88 of head dim 128.
   const double l2 = std::log2(double(std::max<int64_t>(head_dim, 1)));
   const double h = l2 <= 7 ? std::max(0.5, 1.0 - 0.11 * (7 - l2)) : std::max(0.5, 1.0 - 0.12 * (l2 - 7));
-  return s * h;
+  // A kernel that sweeps each query row's keys (meshtrain's cpu attention: scores, K and V of the
+  // row's keys streamed once per head dim) slows as that working set grows, down to a floor:
+  // floor + (1 − floor) / (1 + n / n_fall) with n the keys per row (on average half a causal
+  // call's length).
+  if (hw.attention_fall_seq <= 0) return s * h;
+  const double row_keys = causal ? length / 2 : length, floor = hw.attention_fall_floor;
+  return s * h * (floor + (1.0 - floor) / (1.0 + row_keys / hw.attention_fall_seq));
 }
 
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,

@@ -74,7 +74,11 @@ double gemm_shape_efficiency(double m, double n, const HardwareSpec& hw);
 /// Flash attention's speed at a call over `length` keys per query block, relative to its
 /// long-sequence speed at head dim 128: length / (length + T½) with T½ = hw.attention_half_seq
 /// (causal; an unmasked block saturates 3.5× sooner), times a head-dim factor (0.89 at 64, 1 at
-/// 128, 0.88 at 256; FlashAttention-3 paper, H100 forward speed figures). In (0, 1]. Throws nothing.
+/// 128, 0.88 at 256; FlashAttention-3 paper, H100 forward speed figures), and, on an entry with
+/// attention_fall_seq > 0 (the cpu kernel, which sweeps each query row's keys), times
+/// floor + (1 − floor) / (1 + n / attention_fall_seq) with floor = attention_fall_floor and n the
+/// keys per query row (length / 2 causal, length unmasked; fitted on this machine,
+/// doc/plan.md). In (0, 1]. Throws nothing.
 double attention_length_efficiency(double length, bool causal, int64_t head_dim, const HardwareSpec& hw);
 
 /// The prediction for `cfg` on `dims` (validated; `plan` as for predict_memory) on `hw`, with

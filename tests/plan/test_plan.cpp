@@ -35,7 +35,7 @@ std::string entry(const std::string& replace = "") {
       "memory_bytes = 8e10\nmemory_bandwidth = 3e12\ndevices_per_node = 8\nintra_node_bandwidth = 4e11\n"
       "inter_node_bandwidth = 5e10\nintra_node_latency_s = 1e-5\ninter_node_latency_s = 2e-5\n"
       "matmul_efficiency = 0.5\nattention_efficiency = 0.4\nmemory_efficiency = 0.5\ncomm_efficiency = 0.8\n"
-      "comm_overlap = 0.9\nfragmentation = 0.05\nsm_count = 132\ngemm_tile = 128\nattention_half_seq = 350\n"
+      "comm_overlap = 0.9\nfragmentation = 0.05\nsm_count = 132\ngemm_tile = 128\nattention_half_seq = 350\nattention_fall_seq = 0\nattention_fall_floor = 1\n"
       "step_time_error = 0.03\n";
   if (replace.empty()) return t;
   const std::string key = replace.substr(0, replace.find(' '));
@@ -222,6 +222,26 @@ BOOST_AUTO_TEST_CASE(gemm_and_attention_shape_efficiency) {
     last = e;
   }
   BOOST_TEST(attention_length_efficiency(4096, true, 64, h) < attention_length_efficiency(4096, true, 128, h));
+}
+
+// The cpu kernel sweeps each query row's keys: past the short lengths its rate falls with the
+// keys per row (attention_fall_seq), an unmasked block (every key of the row) falling sooner
+// than a causal call of the same length; a fall of 0 leaves the saturating curve as it was.
+BOOST_AUTO_TEST_CASE(cpu_attention_falls_with_keys_per_row) {
+  const HardwareSpec cpu = find_hardware("cpu");
+  BOOST_TEST(cpu.attention_fall_seq > 0);
+  double last = 1.0;
+  for (double len : {1024.0, 2048.0, 4096.0, 8192.0}) {
+    const double e = attention_length_efficiency(len, true, 32, cpu);
+    BOOST_TEST(e < last);
+    BOOST_TEST(attention_length_efficiency(len, false, 32, cpu) < e);
+    last = e;
+  }
+  HardwareSpec flat = cpu;
+  flat.attention_fall_seq = 0;
+  BOOST_TEST(attention_length_efficiency(8192, true, 32, flat) >
+             4 * attention_length_efficiency(8192, true, 32, cpu));
+  BOOST_TEST(find_hardware("h100_sxm").attention_fall_seq == 0);
 }
 
 // Context parallelism is not free: the same 8B step on 8 H100 at seq 8192, cut over cp, runs
