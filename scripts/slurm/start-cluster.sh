@@ -185,11 +185,7 @@ srun --mpi=list 2>&1 | grep -qw pmix || skip "srun lists no pmix MPI plugin (sru
 
 for log in munged slurmctld slurmd; do : > "$cluster_dir/log/$log.log"; done
 launched=1
-munged --key-file="$cluster_dir/munge/munge.key" --socket="$munge_socket" --pid-file="$cluster_dir/run/munged.pid" \
-  --log-file="$cluster_dir/log/munged.log" --seed-file="$cluster_dir/munge/munged.seed" </dev/null >/dev/null 2>&1 ||
-  fail "munged did not start"
-for ((i = 0; i < 50; i++)); do munge -S "$munge_socket" -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
-munge -S "$munge_socket" -n </dev/null >/dev/null 2>&1 || fail "munged does not answer on $munge_socket"
+why=$(start_test_munged "$cluster_dir" "$munge_socket") || fail "$why"
 # -c: a fresh controller forgets the jobs of an earlier test cluster.
 slurmctld -c -f "$cluster_conf" </dev/null >/dev/null 2>&1 || fail "slurmctld did not start"
 slurmd -N "$cluster_node" -f "$cluster_conf" </dev/null >/dev/null 2>&1 || fail "slurmd did not start"

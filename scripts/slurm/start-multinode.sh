@@ -123,10 +123,7 @@ export SLURM_CONF=$mn_conf
 srun --mpi=list 2>&1 | grep -qw pmix || skip "srun lists no pmix MPI plugin (srun --mpi=list)"
 
 for log in munged slurmctld; do : > "$mn_dir/log/$log.log"; done
-munged --key-file="$mn_dir/munge/munge.key" --socket="$mn_munge_socket" --pid-file="$mn_dir/run/munged.pid" \
-  --log-file="$mn_dir/log/munged.log" --seed-file="$mn_dir/munge/munged.seed" </dev/null >/dev/null 2>&1 ||
-  fail "munged did not start"
-for ((i = 0; i < 50; i++)); do munge -S "$mn_munge_socket" -n </dev/null >/dev/null 2>&1 && break; sleep 0.1; done
+why=$(start_test_munged "$mn_dir" "$mn_munge_socket") || fail "$why"
 # slurmctld checks that its host name is SlurmctldHost's: a UTS namespace of its own gives it one.
 unshare --uts sh -c "hostname $mn_ctl && exec slurmctld -c -f '$mn_conf'" </dev/null >/dev/null 2>&1 ||
   fail "slurmctld did not start"
