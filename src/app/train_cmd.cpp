@@ -7,6 +7,7 @@
 
 #include "app/commands.hpp"
 #include "app/deck_args.hpp"
+#include "checkpoint/async_checkpoint.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "config/deck_parser.hpp"
 #include "topology/discovery.hpp"
@@ -17,8 +18,27 @@
 
 namespace meshtrain::app {
 
+namespace {
+
+// The MPI thread level the run needs, read from the deck before MPI starts: asynchronous
+// checkpoints write from a background thread (MPI_THREAD_MULTIPLE); every other run keeps the
+// single-caller level, so a library's thread locking costs nothing there. A deck that does not
+// load asks for nothing more: the real parse below reports its error once MPI is up.
+int thread_level_for(int argc, char** argv) {
+  try {
+    const DeckArgs args = parse_deck_args(argc, argv);
+    if (args.deck.empty()) return MPI_THREAD_FUNNELED;
+    const JobConfig cfg = load_job_config(args.deck, args.overrides);
+    return cfg.checkpoint.enable && cfg.checkpoint.async_mode != "disabled" ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+  } catch (const std::exception&) {
+    return MPI_THREAD_FUNNELED;
+  }
+}
+
+}  // namespace
+
 int cmd_train(int argc, char** argv) {
-  MpiRuntime mpi(&argc, &argv);
+  MpiRuntime mpi(&argc, &argv, thread_level_for(argc, argv));
   log::init(mpi.world_rank(), mpi.host());
   // Every rank parses and validates before any work, so a bad deck exits 2 everywhere with the
   // same one-line message (printed once, by rank 0) and nothing is written.
@@ -56,6 +76,8 @@ int cmd_train(int argc, char** argv) {
         for (const std::string& n : cfg.notices) log::info("notice: " + n);  // TorchTitan keys with no effect here
         if (cfg.job.print_config) log::info("resolved deck:\n" + resolved_deck_toml(cfg));
         check_device(cfg);  // a GPU deck on a node without one stops here, before any collective
+        if (cfg.checkpoint.enable && cfg.checkpoint.async_mode != "disabled")
+          require_mpi_thread_multiple(cfg.origin_of("checkpoint.async_mode"), cfg.checkpoint.async_mode);
         if (!cfg.topology.file.empty()) topo = Topology::from_slurm_conf(cfg.topology.file);
       }))
     return kExitConfig;

@@ -196,6 +196,41 @@ std::string all_gather_text(MPI_Comm world, const std::string& mine, const std::
   return all;
 }
 
+// "/model/layers.{i}.moe.expert_bias" of every MoE block of `args`, in block order.
+std::vector<std::string> expert_bias_names(const ModelArgs& args) {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < args.n_layers; ++i)
+    if (args.is_moe_layer(i)) names.push_back("/model/layers." + std::to_string(i) + ".moe.expert_bias");
+  return names;
+}
+
+// Why rank 0 must not write the snapshot's expert biases ("" when they are fine: a vector per
+// MoE block of num_experts finite values); *nonfinite says whether a value is NaN or inf.
+std::string expert_bias_problem(const CheckpointSnapshot& snap, const std::string& path, bool* nonfinite) {
+  *nonfinite = false;
+  const std::vector<std::string> names = expert_bias_names(snap.args);
+  const std::vector<std::vector<float>>& biases = snap.state.expert_bias;
+  if (biases.size() != names.size())
+    return path + ": " + std::to_string(biases.size()) + " expert-bias vectors for " + std::to_string(names.size()) +
+           " MoE blocks";
+  for (size_t j = 0; j < names.size(); ++j) {
+    const std::vector<float>& b = biases[j];
+    const bool finite = std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); });
+    *nonfinite = !finite;
+    if (int64_t(b.size()) != snap.args.num_experts || !finite)
+      return path + ": refusing to write " + names[j] + " (" + std::to_string(b.size()) + " values" +
+             (finite ? "" : ", non-finite") + ")";
+  }
+  return "";
+}
+
+// The refusal of a shard whose element `bad` (of hyperslab {start, count}) is NaN or inf.
+std::string nonfinite_message(const std::string& path, const std::string& dataset, const std::vector<hsize_t>& start,
+                              const std::vector<hsize_t>& count, int64_t bad, float value, int64_t step) {
+  return path + ": refusing to publish a checkpoint with a non-finite value: " + dataset +
+         global_index_text(start, count, bad) + " = " + std::to_string(value) + " (step " + std::to_string(step) + ")";
+}
+
 }  // namespace
 
 std::vector<ChecksumRecord> read_checksum_records(hid_t file, const std::string& path) {
@@ -323,11 +358,76 @@ void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vec
   start[0] += hsize_t(p.sharding.ep_first);  // an expert-parallel rank's experts (0 otherwise)
 }
 
+CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const AdamW& opt,
+                                   const TrainState& state, const CheckpointRole& role, const CheckpointMeta& meta) {
+  CheckpointSnapshot snap;
+  snap.args = model.args();
+  snap.state = state;
+  snap.meta = meta;
+  // Every rank creates every dataset, also those of parameters it does not hold (pipeline
+  // stages): the catalog lists the whole model from its arguments. Each parameter's value and
+  // moments are created one after the other, the order load_checkpoint's reads follow.
+  const ParameterCatalog catalog(model.args(), model.tensor_parallel());
+  for (const CatalogEntry& e : catalog.entries()) {
+    const Parameter& p = e.meta;
+    snap.datasets.emplace_back("/model/" + p.name, p.shape);
+    if (meta.model_only) continue;
+    for (const char* which : {"exp_avg", "exp_avg_sq"}) snap.datasets.emplace_back(state_name(p, which), p.shape);
+  }
+  for (const std::string& name : expert_bias_names(snap.args)) snap.datasets.emplace_back(name, Shape{snap.args.num_experts});
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const LocalShard& ls = shards[i];
+    const int64_t n = ls.value.numel();
+    // A tied embedding's copy on the last pipeline stage equals the first stage's, which writes it.
+    const bool writes = role.dp_primary && (ls.param->sharding.tp_dim >= 0 || role.tp_primary) &&
+                        !model.is_tied_copy(ls.param);
+    if (n == 0 || !writes) continue;
+    std::vector<hsize_t> start, count;
+    shard_hyperslab(*ls.param, ls.first_elem, n, start, count);
+    snap.shards.push_back({"/model/" + ls.param->name, start, count, ls.value, {}, {}});
+    if (meta.model_only) continue;
+    snap.shards.push_back({state_name(*ls.param, "exp_avg"), start, count, opt.exp_avg().view({n}, opt.offset(i)), {}, {}});
+    snap.shards.push_back({state_name(*ls.param, "exp_avg_sq"), start, count, opt.exp_avg_sq().view({n}, opt.offset(i)), {}, {}});
+  }
+  return snap;
+}
+
+void stage_checkpoint(CheckpointSnapshot& snap, MPI_Comm world, const std::string& path, Device& dev,
+                      CheckpointSnapshot* recycle) {
+  std::string error;
+  for (size_t k = 0; k < snap.shards.size(); ++k) {
+    StagedShard& s = snap.shards[k];
+    // The same layout saves the same hyperslabs in the same order: the previous buffers fit.
+    if (recycle && k < recycle->shards.size()) s.values = std::move(recycle->shards[k].values);
+    const size_t n = size_t(s.source.numel());
+    s.values.resize(n);
+    dev.download(s.values.data(), s.source, n * sizeof(float));
+    s.source = Tensor();  // the snapshot no longer refers to device memory
+    int64_t bad = -1;
+    s.xxh3_hex = saved_shard_hash_hex(s.values.data(), n, &bad);
+    if (bad >= 0 && error.empty()) error = nonfinite_message(path, s.dataset, s.start, s.count, bad, s.values[size_t(bad)], snap.state.step);
+  }
+  bool nonfinite = !error.empty();
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  if (rank == 0 && error.empty()) error = expert_bias_problem(snap, path, &nonfinite);
+  snap.staged = true;
+  agree(world, path, error, nonfinite);
+}
+
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                      const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
                      const CheckpointRole& role, const CheckpointMeta& meta) {
+  write_checkpoint(path, world, plan_checkpoint(model, shards, opt, state, role, meta), &dev);
+}
+
+void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointSnapshot& snap, Device* dev) {
   std::string error;
   bool nonfinite = false;  // a NaN / inf in what some rank was about to write: the file is refused
+  const CheckpointMeta& meta = snap.meta;
+  const TrainState& state = snap.state;
+  int world_rank = 0;
+  MPI_Comm_rank(world, &world_rank);
   {
     Handle fapl = mpio_fapl(world);
     Handle file{H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id), H5Fclose};
@@ -340,12 +440,12 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
       h5::write_attr(g.id, "deck", meta.deck_toml, path);
       h5::write_attr(g.id, "layout", meta.layout, path);
       h5::write_attr(g.id, "world_size", meta.world_size, path);
-      h5::write_attr(g.id, "model", model.args().name + " " + model.args().flavor, path);
+      h5::write_attr(g.id, "model", snap.args.name + " " + snap.args.flavor, path);
       h5::write_attr(g.id, "meshtrain_version", std::string(MESHTRAIN_VERSION), path);
       h5::write_attr(g.id, "seq_len", meta.seq_len, path);
       h5::write_attr(g.id, "model_only", int64_t(meta.model_only), path);
       Handle args{H5Gcreate2(g.id, "model_args", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
-      write_model_args(args.id, model.args(), path);
+      write_model_args(args.id, snap.args, path);
     }
     {
       Handle g{H5Gcreate2(file.id, "/train_state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
@@ -360,89 +460,55 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
     // Dataset handles stay open until every rank has written: H5Dopen / H5Dclose of a dataset
     // being written are collective in parallel HDF5, so they are created and closed by all ranks
     // in the same order.
-    // Every rank creates every dataset, also those of parameters it does not hold (pipeline
-    // stages): the catalog lists the whole model from its arguments.
     std::map<std::string, Handle> datasets;
-    const ParameterCatalog catalog(model.args(), model.tensor_parallel());
-    for (const CatalogEntry& e : catalog.entries()) {
-      const Parameter& p = e.meta;
-      datasets.emplace("/model/" + p.name, create_dataset(file.id, "/model/" + p.name, p.shape, path));
-      if (meta.model_only) continue;
-      for (const std::string& name : {state_name(p, "exp_avg"), state_name(p, "exp_avg_sq")})
-        datasets.emplace(name, create_dataset(file.id, name, p.shape, path));
-    }
+    for (const auto& [name, shape] : snap.datasets) datasets.emplace(name, create_dataset(file.id, name, shape, path));
     // MoE selection biases: small [E] datasets, written by rank 0 (every rank holds them all).
-    const ModelArgs& args = model.args();
-    std::vector<std::string> bias_names;
-    for (int64_t i = 0; i < args.n_layers; ++i)
-      if (args.is_moe_layer(i)) bias_names.push_back("/model/layers." + std::to_string(i) + ".moe.expert_bias");
-    if (state.expert_bias.size() != bias_names.size())
-      error = path + ": " + std::to_string(state.expert_bias.size()) + " expert-bias vectors for " +
-              std::to_string(bias_names.size()) + " MoE blocks";
-    for (const std::string& name : bias_names)
-      datasets.emplace(name, create_dataset(file.id, name, {args.num_experts}, path));
+    const std::vector<std::string> bias_names = expert_bias_names(snap.args);
+    if (world_rank == 0) error = expert_bias_problem(snap, path, &nonfinite);
     // Shard data: independent writes of this rank's hyperslabs, each checksummed.
     std::string checksums;
-    int world_rank = 0;
-    MPI_Comm_rank(world, &world_rank);
     for (size_t j = 0; j < bias_names.size() && error.empty() && world_rank == 0; ++j) {
       const std::vector<float>& b = state.expert_bias[j];
       const std::vector<hsize_t> start{0}, count{hsize_t(b.size())};
       int64_t bad = -1;
       const std::string hash = saved_shard_hash_hex(b.data(), b.size(), &bad);
-      if (int64_t(b.size()) != args.num_experts || bad >= 0) {
-        error = path + ": refusing to write " + bias_names[j] + " (" + std::to_string(b.size()) + " values" +
-                (bad >= 0 ? ", non-finite" : "") + ")";
-        nonfinite = bad >= 0;
-        break;
-      }
       if (!transfer(datasets.at(bias_names[j]).id, start, count, const_cast<float*>(b.data()), true)) {
         error = path + ": cannot write dataset " + bias_names[j];
         break;
       }
       checksums += checksum_line(bias_names[j], start, count, hash);
     }
-    std::vector<float> host;
-    std::vector<hsize_t> start, count;
-    for (size_t i = 0; i < shards.size() && error.empty(); ++i) {
-      const LocalShard& ls = shards[i];
-      const int64_t n = ls.value.numel();
-      // A tied embedding's copy on the last pipeline stage equals the first stage's, which writes it.
-      const bool writes = role.dp_primary && (ls.param->sharding.tp_dim >= 0 || role.tp_primary) &&
-                          !model.is_tied_copy(ls.param);
-      if (n == 0 || !writes) continue;
-      shard_hyperslab(*ls.param, ls.first_elem, n, start, count);
-      host.resize(size_t(n));
-      const std::pair<std::string, Tensor> parts[] = {{"/model/" + ls.param->name, ls.value},
-                                                      {state_name(*ls.param, "exp_avg"), opt.exp_avg().view({n}, opt.offset(i))},
-                                                      {state_name(*ls.param, "exp_avg_sq"), opt.exp_avg_sq().view({n}, opt.offset(i))}};
-      for (const auto& [name, t] : parts) {
-        if (meta.model_only && name.rfind("/optimizer/", 0) == 0) continue;
-        dev.download(host.data(), t, size_t(n) * sizeof(float));
+    std::vector<float> host;  // a plan's shards pass through here one at a time
+    for (size_t k = 0; k < snap.shards.size() && error.empty(); ++k) {
+      const StagedShard& s = snap.shards[k];
+      const float* data = s.values.data();
+      std::string hash = s.xxh3_hex;
+      if (!snap.staged) {
+        const size_t n = size_t(s.source.numel());
+        host.resize(n);
+        dev->download(host.data(), s.source, n * sizeof(float));
         int64_t bad = -1;
-        const std::string hash = saved_shard_hash_hex(host.data(), host.size(), &bad);
+        hash = saved_shard_hash_hex(host.data(), n, &bad);
         if (bad >= 0) {
-          error = path + ": refusing to publish a checkpoint with a non-finite value: " + name + global_index_text(start, count, bad) +
-                  " = " + std::to_string(host[size_t(bad)]) + " (step " + std::to_string(state.step) + ")";
+          error = nonfinite_message(path, s.dataset, s.start, s.count, bad, host[size_t(bad)], state.step);
           nonfinite = true;
           break;
         }
-        if (!transfer(datasets.at(name).id, start, count, host.data(), true)) {
-          error = path + ": cannot write dataset " + name;
-          break;
-        }
-        checksums += checksum_line(name, start, count, hash);
-        die_if_injected(world, state.step);
+        data = host.data();
       }
+      if (!transfer(datasets.at(s.dataset).id, s.start, s.count, const_cast<float*>(data), true)) {
+        error = path + ": cannot write dataset " + s.dataset;
+        break;
+      }
+      checksums += checksum_line(s.dataset, s.start, s.count, hash);
+      die_if_injected(world, state.step);
     }
     // /checksums: every rank's records (gathered), one uint8 text dataset written by rank 0.
     const std::string all = all_gather_text(world, checksums, path + ": /checksums (bytes over all ranks)");
     {
       Handle ds = create_bytes_dataset(file.id, "/checksums", int64_t(all.size()), path);
       h5::write_attr(ds.id, "algorithm", std::string("xxh3_64"), path);
-      int rank = 0;
-      MPI_Comm_rank(world, &rank);
-      if (rank == 0 && !all.empty() &&
+      if (world_rank == 0 && !all.empty() &&
           H5Dwrite(ds.id, H5T_NATIVE_UCHAR, H5S_ALL, H5S_ALL, H5P_DEFAULT, all.data()) < 0 && error.empty())
         error = path + ": cannot write dataset /checksums";
     }
@@ -451,11 +517,7 @@ void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const
     MPI_Allreduce(MPI_IN_PLACE, &any_nonfinite, 1, MPI_INT, MPI_MAX, world);
     nonfinite = any_nonfinite != 0;
   }  // the datasets, then the file, close collectively
-  if (nonfinite) {
-    int rank = 0;
-    MPI_Comm_rank(world, &rank);
-    if (rank == 0) std::remove(path.c_str());  // the .tmp is never renamed into place: delete it
-  }
+  if (nonfinite && world_rank == 0) std::remove(path.c_str());  // the .tmp is never renamed into place: delete it
   agree(world, path, error, nonfinite);
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/transformer.hpp"
@@ -57,11 +58,61 @@ struct CheckpointMeta {
 /// Writes `path` collectively over `world` (every rank calls it): /meta, /train_state, and the
 /// hyperslab of every local shard of `shards` (parameters from LocalShard::value, AdamW state from
 /// `opt` unless meta.model_only) that `role` says this rank writes. The file is flushed and closed before returning; the
-/// caller renames it into place. @throws CheckpointError naming the file (on every rank: the
-/// outcome is agreed over `world`).
+/// caller renames it into place. Equivalent to write_checkpoint(path, world,
+/// plan_checkpoint(...), &dev): each shard is downloaded through one host buffer while it is
+/// written, so a synchronous save holds no host copy of the whole state.
+/// @throws CheckpointError naming the file (on every rank: the outcome is agreed over `world`),
+/// NonFiniteError (every rank) when a value about to be written is NaN or inf: the .tmp is deleted.
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                      const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
                      const CheckpointRole& role, const CheckpointMeta& meta);
+
+/// One hyperslab a rank writes: `dataset`'s elements {start, count} (global indices), whose
+/// values are the device tensor `source` (a plan) or, once staged, the host copy `values` with its
+/// XXH3-64 `xxh3_hex` (16 hex digits; the /checksums record).
+struct StagedShard {
+  std::string dataset;                 ///< "/model/<name>" or "/optimizer/<name>/{exp_avg, exp_avg_sq}"
+  std::vector<hsize_t> start, count;   ///< the hyperslab, one entry per dimension of the dataset
+  Tensor source;                       ///< float32 [prod(count)] on the device; undefined once staged
+  std::vector<float> values;           ///< the staged host copy (empty until staged)
+  std::string xxh3_hex;                ///< of `values`, computed when staged
+};
+
+/// Everything one rank contributes to a checkpoint file, independent of the live model once
+/// staged: the datasets every rank creates (whole model, from the parameter catalog), this rank's
+/// hyperslabs, the train state (with the MoE expert biases) and /meta. A staged snapshot is
+/// plain host memory, so a background thread can write it while training changes the model.
+struct CheckpointSnapshot {
+  ModelArgs args;                                          ///< /meta/model_args, the bias datasets
+  TrainState state;                                        ///< /train_state, expert biases
+  CheckpointMeta meta;                                     ///< /meta
+  std::vector<std::pair<std::string, Shape>> datasets;     ///< created by every rank, in this order
+  std::vector<StagedShard> shards;                         ///< this rank's hyperslabs, in write order
+  bool staged = false;                                     ///< values and hashes hold the data
+};
+
+/// The snapshot of the current state without copying anything: the datasets and this rank's
+/// hyperslabs (sources are views of LocalShard::value and `opt`'s moments; `role` and tied
+/// copies as in save_checkpoint). Local (no communication).
+CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const AdamW& opt,
+                                   const TrainState& state, const CheckpointRole& role, const CheckpointMeta& meta);
+
+/// Copies every planned hyperslab of `snap` to host memory (Device::download), hashes the copy
+/// and checks it for NaN / inf in the same pass, and drops the device views (staged = true).
+/// Buffers of `recycle` (a previous snapshot of the same layout, may be null) are reused, so a
+/// save after the first allocates no host memory. Collective over `world`: the non-finite check
+/// is agreed. @throws NonFiniteError on every rank when any rank staged a non-finite value or
+/// expert bias (the message names `path`, the dataset and the element, as save_checkpoint's).
+void stage_checkpoint(CheckpointSnapshot& snap, MPI_Comm world, const std::string& path, Device& dev,
+                      CheckpointSnapshot* recycle);
+
+/// Writes `snap` as the file `path`, collectively over `world` (every rank calls it, each with
+/// its own snapshot). A staged snapshot is written from its host copies (no device access, `dev`
+/// may be null; safe on a thread other than the one training, provided no other thread calls
+/// HDF5 meanwhile: this HDF5 is not thread-safe); a plan is downloaded shard by shard through
+/// `dev`. The file is flushed and closed before returning; the caller renames it into place.
+/// @throws CheckpointError naming the file (agreed over `world`), NonFiniteError as save_checkpoint.
+void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointSnapshot& snap, Device* dev);
 
 /// Reads `path` into the current layout: every local shard's parameter and AdamW-state
 /// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's

@@ -195,6 +195,10 @@ struct CheckpointSection {
   bool last_save_in_hf = false;
   /// Element type of that folder's tensors: "float32", "bfloat16" or "float16" (TorchTitan's key).
   std::string export_dtype = "float32";
+  /// "disabled": a save blocks until the file is published; "async" / "async_with_pinned_mem"
+  /// (TorchTitan's names): the save copies the state to host memory and a background thread
+  /// writes and publishes the file while training continues (checkpoint/async_checkpoint.hpp).
+  std::string async_mode = "disabled";
 };
 
 /// [comm]: collective deadlines enforced by the watchdog (TorchTitan's key names).

@@ -403,6 +403,11 @@ std::vector<Option> build_option_table() {
     s.str("export_dtype", &CheckpointSection::export_dtype,
           "element type of the last_save_in_hf folder's tensors (checkpoints themselves hold float32)",
           {"float32", "bfloat16", "float16"});
+    s.str("async_mode", &CheckpointSection::async_mode,
+          "disabled: a save blocks until the file is published; async, async_with_pinned_mem: the save copies the "
+          "state to host memory, a background thread writes and publishes it while training continues (the next save "
+          "and the end of the run wait for it)",
+          {"disabled", "async", "async_with_pinned_mem"});
   }
   {
     Section<TopologySection> s{o, "topology", &JobConfig::topology};

@@ -10,7 +10,8 @@
 ///  - train_step: one optimizer step (the schedule's micro-batches, the reductions, the
 ///    non-finite check agreed over the world, clipping and AdamW);
 ///  - validate: the validation loss, forward only;
-///  - save: a sharded checkpoint, published atomically;
+///  - save: a sharded checkpoint, published atomically (or staged and written in the background:
+///    [checkpoint] async_mode);
 ///  - finalize: the final model (sharded, model only) and the summary.
 /// train() runs them in order, with metrics, validation, checkpoints and preemption at step
 /// boundaries.
@@ -23,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/async_checkpoint.hpp"
 #include "checkpoint/sharded_checkpoint.hpp"
 #include "comm/mesh_communicators.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
@@ -99,8 +101,16 @@ class Trainer {
   /// validation split, forward only; the same number on every layout. Collective.
   double validate();
   /// Writes the checkpoint of `step` (…/step-NNNNNNNN.h5.tmp, every rank its hyperslabs) and
-  /// publishes it (rename, `latest`, pruning). Collective. @throws CheckpointError, NonFiniteError.
+  /// publishes it (rename, `latest`, pruning). With [checkpoint] async_mode it first waits for
+  /// the previous background write, then only stages the state in host memory (checked for
+  /// NaN / inf) and returns while a background thread writes and publishes the file.
+  /// Collective. @throws CheckpointError (also a failed previous background write), NonFiniteError.
   void save(int64_t step);
+  /// Waits for the background checkpoint write in flight, if any, and reports it (log and a
+  /// checkpoint_write record). Collective in effect: every rank's writer takes part in the write.
+  /// @throws CheckpointError when that write, or one reported earlier by poll, failed (every
+  ///         rank alike: the outcome is agreed); `latest` still names the previous checkpoint.
+  void finish_async_save();
   /// [checkpoint] last_save_in_hf: the model-only last save `file` (step `step`) exported as a
   /// Hugging Face folder beside it (step-NNNNNNNN-hf, export_dtype) by rank 0; collective.
   /// @throws CheckpointError on every rank when the export fails.
@@ -119,6 +129,9 @@ class Trainer {
   void log_prediction();
   void log_step(int64_t step, const StepResult& r);
   void note_peaks();
+  /// Logs a finished background write and writes its checkpoint_write record; a failure is
+  /// remembered for finish_async_save to throw.
+  void report_async_save(const AsyncSaveResult& r);
 
   using Clock = std::chrono::steady_clock;
   const JobConfig& cfg_;
@@ -164,6 +177,8 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::unique_ptr<AsyncCheckpointer> async_ckpt_;  // [checkpoint] async_mode != "disabled"
+  std::string async_failure_;                      // a failed background write not thrown yet
 
   int64_t first_step_ = 1;
   int64_t tokens_seen_ = 0;

@@ -135,7 +135,6 @@ BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
       {"[model]\nconverters = [\"float8\"]", "[model] converters: \"float8\": float8 training is not implemented yet"},
       {"[model]\nconverters = [\"quantize.linear.mx\"]", "MX (mxfp8) training is not implemented yet"},
       {"[quantize.linear.float8]\nenable = true", "[quantize.linear.float8] enable: float8 training is not implemented yet"},
-      {"[checkpoint]\nasync_mode = \"async\"", "[checkpoint] async_mode: asynchronous checkpointing is not implemented yet"},
       {"[parallelism]\nenable_async_tensor_parallel = true", "asynchronous tensor parallelism is not implemented yet"},
       {"[fault_tolerance]\nenable = true", "[fault_tolerance] enable: fault-tolerant training (torchft) is not implemented yet"},
       {"[memory_estimation]\nenable = true", "[memory_estimation] enable: memory estimation is not implemented yet"},
@@ -217,7 +216,7 @@ BOOST_AUTO_TEST_CASE(notices_say_why_a_key_has_no_effect) {
                            "[checkpoint]\n"                                    // 17
                            "export_dtype = \"float16\"\n"                      // 18
                            "last_save_model_only = false\n"                    // 19
-                           "async_mode = \"disabled\"  # the only mode here\n"  // 20
+                           "async_mode = \"async\"  # background writes\n"     // 20
                            "[validation]\n"                                    // 21
                            "dataset = \"c4_validation\"\n"                     // 22
                            "[optimizer]\n"                                     // 23
@@ -228,7 +227,8 @@ BOOST_AUTO_TEST_CASE(notices_say_why_a_key_has_no_effect) {
              c.deck_path + ":16: [metrics] disable_color_printing: meshtrain's log lines have no colors");
   BOOST_TEST(has(notice_of(c, "[checkpoint] export_dtype"), ":18: [checkpoint] export_dtype: applies only when "
                                                             "last_save_model_only = true"));
-  BOOST_TEST(notice_of(c, "[checkpoint] async_mode").empty());  // "disabled" is honoured
+  BOOST_TEST(notice_of(c, "[checkpoint] async_mode").empty());  // every mode is honoured
+  BOOST_TEST(c.checkpoint.async_mode == "async");
   BOOST_TEST(has(notice_of(c, "[validation] dataset"), ":22: [validation] dataset: validation reads the validation split"));
   BOOST_TEST(has(notice_of(c, "[optimizer] implementation"), ":24: [optimizer] implementation: meshtrain has only its "
                                                              "multi-tensor AdamW"));
@@ -301,8 +301,9 @@ BOOST_AUTO_TEST_CASE(rules_between_keys) {
   BOOST_TEST(has(refusal_of(b, {"--validation.local_batch_size=8"}), "command line: [validation] local_batch_size: 8 "
                                                                      "differs from [training] local_batch_size = 2"));
   // The first refusal in the deck is the one reported.
-  const std::string first = refusal_of(b + "[checkpoint]\nasync_mode = \"async\"\n[fault_tolerance]\nenable = true\n");
-  BOOST_TEST(has(first, ".toml:14: [checkpoint] async_mode"), first);
+  const std::string first =
+      refusal_of(b + "[checkpoint]\nenable_first_step_checkpoint = true\n[fault_tolerance]\nenable = true\n");
+  BOOST_TEST(has(first, ".toml:14: [checkpoint] enable_first_step_checkpoint"), first);
 }
 
 // Every TorchTitan key set to its TorchTitan default resolves (with a token store and the GPU
@@ -334,7 +335,7 @@ BOOST_AUTO_TEST_CASE(every_key_at_its_torchtitan_default_resolves) {
   BOOST_TEST(!notice_of(c, "[training] dataset").empty());
   BOOST_TEST(!notice_of(c, "[model] hf_assets_path").empty());
   BOOST_TEST(expect_notice.count("[compile] components: ") == 1u);
-  BOOST_TEST(expect_notice.count("[checkpoint] async_mode: ") == 0u);  // "disabled" is honoured
+  BOOST_TEST(expect_notice.count("[checkpoint] async_mode: ") == 0u);  // honoured
 }
 
 // ---- the table -------------------------------------------------------------------------------
@@ -406,5 +407,6 @@ BOOST_AUTO_TEST_CASE(torchtitan_compat_doc_is_current) {
   }
   // Defaults that differ are marked.
   BOOST_TEST(has(md, "| keep_latest_k | integer | 10 | **0** | honoured |"));
-  BOOST_TEST(has(md, "| async_mode | string | \"disabled\" | - | \"disabled\": honoured; other values: refused"));
+  BOOST_TEST(has(md, "| async_mode | string | \"disabled\" | \"disabled\" | honoured; \"async\" and "
+                     "\"async_with_pinned_mem\" stage the state in host memory"));
 }

@@ -220,9 +220,9 @@ MPI_Datatype block_chunk_type(MpiWork& work, MPI_Datatype elem, int count, int64
 
 }  // namespace
 
-MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+MpiRuntime::MpiRuntime(int* argc, char*** argv, int thread_level) {
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(argc, argv, thread_level, &provided);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);

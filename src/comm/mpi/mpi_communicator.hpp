@@ -15,7 +15,10 @@ namespace meshtrain {
 /// user-defined bfloat16 reduction ops (MpiCommunicator) before MPI_Finalize.
 class MpiRuntime {
  public:
-  MpiRuntime(int* argc, char*** argv);
+  /// Initializes MPI asking for `thread_level`: MPI_THREAD_FUNNELED (only the main thread calls
+  /// MPI), or MPI_THREAD_MULTIPLE when other threads call MPI too (asynchronous checkpoint
+  /// writers). What the library grants is what MPI_Query_thread reports afterwards.
+  MpiRuntime(int* argc, char*** argv, int thread_level = MPI_THREAD_FUNNELED);
   ~MpiRuntime();
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
