@@ -11,6 +11,16 @@ checkpoint (parameters + AdamW's two moments, fp32; default dim 512, 8 layers, v
         checksums (checkpoint_load record);
   dd:   `dd bs=4M conv=fdatasync` writing the same number of bytes to the same directory, then
         `dd bs=4M` reading them back, once before and once after each meshtrain save / load.
+--async-cost instead measures what saving costs the training loop: for each rank count, runs of
+--steps steps saving every --interval steps without checkpoints, with synchronous saves and with
+[checkpoint] async_mode = "async", interleaved and repeated --repeat times. Per run: the mean
+step time (metrics step_time_s: the step's own work, which a background write slows by competing
+for cores and memory bandwidth), the mean blocking time of a save (checkpoint_save blocking_s:
+the whole write for sync; staging plus any wait for the previous write for async) and the mean
+background write time (checkpoint_write seconds); the loop time per step is step time + blocking
+time × saves per step. The first step (warm-up) and the last (its save is waited for at the end)
+are left out. The median over the repeats is reported.
+
 Each is repeated --repeat times (default 3) and the best of each is compared (a shared disk's rate
 swings between runs; the best is the least disturbed). Prints MB/s and the ratio to dd, with the
 spread (slowest / best) of both sides; writes JSON. A benchmark, not a test: nothing asserts on time.
@@ -21,6 +31,7 @@ pages (memory-speed reads for both).
 
 usage: /usr/bin/python3 perf/ckpt_bench.py [--ranks 1 2 4] [--dim 512] [--layers 8] [--vocab 8192]
            [--repeat 3] [--cached] [--dir DIR] [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain]
+       /usr/bin/python3 perf/ckpt_bench.py --async-cost [--steps 12] [--interval 1] [--seq-len 32] [--ranks ...] ...
 """
 import argparse
 import json
@@ -36,20 +47,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from comm_volume import ROOT, add_run_arguments, ensure_data, write_result  # noqa: E402
 
 
-def run_train(args, data, folder, n, steps):
+def run_train(args, data, folder, n, steps, extra=()):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n), args.binary, "train",
            "--deck", os.path.join(ROOT, "inputs/llama3_debug.toml"), f"--training.dataset={data}",
            f"--job.dump_folder={folder}", "--validation.enable=false", "--metrics.log_freq=1",
            f"--model.dim={args.dim}", f"--model.n_layers={args.layers}", "--model.n_heads=8", "--model.n_kv_heads=8",
-           f"--model.vocab_size={args.vocab}", "--training.local_batch_size=1", "--training.seq_len=32",
-           f"--training.global_batch_size={n}", f"--training.steps={steps}", "--checkpoint.enable=true",
-           "--checkpoint.interval=1", "--checkpoint.keep_latest_k=1"]
+           f"--model.vocab_size={args.vocab}", "--training.local_batch_size=1", f"--training.seq_len={args.seq_len}",
+           f"--training.global_batch_size={n}", f"--training.steps={steps}", "--checkpoint.keep_latest_k=1"]
+    # extra's own checkpoint switches replace the defaults (a key may be given once)
+    cmd += [a for a in ("--checkpoint.enable=true", "--checkpoint.interval=1") if a.split("=")[0] not in
+            {e.split("=")[0] for e in extra}] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     recs = [json.loads(l) for l in open(os.path.join(folder, "metrics.jsonl"))]
-    return [r for r in recs if r.get("event") in ("checkpoint_save", "checkpoint_load")]
+    return recs if extra else [r for r in recs if r.get("event") in ("checkpoint_save", "checkpoint_load")]
 
 
 def evict(path):
@@ -79,6 +92,56 @@ def dd(args, path, nbytes):
     return mb / tw, mb / tr
 
 
+ASYNC_MODES = {"none": ["--checkpoint.enable=false"], "sync": [], "async": ["--checkpoint.async_mode=async"]}
+
+
+def async_cost_run(args, data, folder, n, mode):
+    """One run of --async-cost: {step_s, blocking_s, write_s, loop_s} (means, seconds; the loop
+    time per step is step_s + blocking_s × saves per step)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    recs = run_train(args, data, folder, n, args.steps, ASYNC_MODES[mode] + [f"--checkpoint.interval={args.interval}"])
+    last = args.steps
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    steps = [r["step_time_s"] for r in recs if "step_time_s" in r and 1 < r["step"] < last]
+    saves = [r["blocking_s"] for r in recs if r.get("event") == "checkpoint_save" and 1 < r["step"] < last]
+    writes = [r["seconds"] for r in recs if r.get("event") == "checkpoint_write" and r["ok"] and r["step"] < last]
+    size = max([r.get("bytes", 0) for r in recs if r.get("event") in ("checkpoint_save", "checkpoint_write")] + [0])
+    shutil.rmtree(folder, ignore_errors=True)
+    per_step = mean(saves) / args.interval if mode != "none" else 0.0
+    return {"step_s": mean(steps), "blocking_s": mean(saves), "write_s": mean(writes), "loop_s": mean(steps) + per_step,
+            "bytes": size}
+
+
+def async_cost(args, data, base):
+    """--async-cost: the training loop's time per step without checkpoints, with sync and with
+    async saves, in the same invocation (modes interleaved within each repeat)."""
+    rows = []
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    for n in args.ranks:
+        runs = {m: [] for m in ASYNC_MODES}
+        for _ in range(args.repeat):
+            for m in ASYNC_MODES:
+                runs[m].append(async_cost_run(args, data, os.path.join(base, f"async_np{n}_{m}"), n, m))
+        row = {"ranks": n, "steps": args.steps, "interval": args.interval, "runs": runs,
+               "bytes": max(r["bytes"] for m in runs for r in runs[m])}
+        for m in ASYNC_MODES:
+            for k in ("step_s", "blocking_s", "write_s", "loop_s"):
+                row[f"{m}_{k}"] = median([r[k] for r in runs[m]])
+        for m in ("sync", "async"):
+            row[f"{m}_cost_s"] = row[f"{m}_loop_s"] - row["none_loop_s"]  # per step, over no checkpoints
+        rows.append(row)
+        print(f"{n} ranks, {row['bytes'] / 1e6:.0f} MB per checkpoint, a save every {args.interval} step(s), "
+              f"median of {args.repeat}:", flush=True)
+        print(f"  {'mode':6} {'step s':>8} {'save blocks s':>14} {'bg write s':>11} {'loop s/step':>12} {'cost s/step':>12}")
+        for m in ASYNC_MODES:
+            cost = f"{row[m + '_cost_s']:12.3f}" if m != "none" else f"{'-':>12}"
+            write = f"{row[m + '_write_s']:11.3f}" if m == "async" else f"{'-':>11}"
+            print(f"  {m:6} {row[m + '_step_s']:8.3f} {row[m + '_blocking_s']:14.3f} {write} {row[m + '_loop_s']:12.3f} {cost}",
+                  flush=True)
+    write_result(args.json, {"mode": "async_cost", "dim": args.dim, "layers": args.layers, "vocab": args.vocab,
+                             "seq_len": args.seq_len, "dir": base, "rows": rows})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
@@ -88,12 +151,20 @@ def main():
     p.add_argument("--repeat", type=int, default=3, help="runs per rank count; the best of each side is compared")
     p.add_argument("--cached", action="store_true", help="keep files in the page cache before reads")
     p.add_argument("--dir", help="where checkpoints and dd's file go (default: under --out)")
+    p.add_argument("--seq-len", type=int, default=32, help="training sequence length (a longer one makes steps longer)")
+    p.add_argument("--async-cost", action="store_true", help="step-time cost of async saves against sync saves")
+    p.add_argument("--steps", type=int, default=12, help="--async-cost: steps per run")
+    p.add_argument("--interval", type=int, default=1, help="--async-cost: steps between saves")
     add_run_arguments(p, "ckpt_bench")
     args = p.parse_args()
+    if args.async_cost and args.json == os.path.join(ROOT, "perf/out", "ckpt_bench.json"):
+        args.json = os.path.join(ROOT, "perf/out", "ckpt_bench_async.json")
     os.makedirs(args.out, exist_ok=True)
     data = ensure_data(args.data, args.out, args.binary)
     base = args.dir or os.path.join(args.out, "runs")
     os.makedirs(base, exist_ok=True)
+    if args.async_cost:
+        return async_cost(args, data, base)
     rows = []
     for n in args.ranks:
         folder = os.path.join(base, f"np{n}")

@@ -2,7 +2,8 @@
 """Asynchronous checkpoints ([checkpoint] async_mode) through the real binary.
 
 equal (default): on each --layout "NAME NP [overrides]", a synchronous and an asynchronous run
-  (async_mode = --mode-value) of the same 8 steps save every 2 steps (the last save model-only).
+  (async_mode = --mode-value) of the same 8 steps save every 2 steps (the last save model-only,
+  exported by last_save_in_hf, which waits for the background write).
   Every checkpoint of the async run equals the sync run's bitwise in every /model and /optimizer
   dataset, in /checksums and in the /train_state attributes (the HDF5 files themselves may differ
   in metadata); the loss curves are identical. Then a folder holding only the async run's step-4
@@ -77,13 +78,14 @@ def same_checkpoint(a, b):
 def check_equal(args, checks):
     steps = ["--training.steps=8", "--checkpoint.interval=2", "--checkpoint.last_save_model_only=true"]
     mode = [f"--checkpoint.async_mode={args.mode_value}"]
+    hf = ["--checkpoint.last_save_in_hf=true"]  # the export reads the last save: it waits for the write
     for spec in args.layout:
         name, n, *over = spec.split()
         n = int(n)
         sync_dir, async_dir = os.path.join(args.out, name, "sync"), os.path.join(args.out, name, "async")
-        res = train(args, n, sync_dir, over + steps)
+        res = train(args, n, sync_dir, over + steps + hf)
         checks.append((f"{name}: sync run", res.returncode == 0))
-        res_a = train(args, n, async_dir, over + steps + mode)
+        res_a = train(args, n, async_dir, over + steps + mode + hf)
         checks.append((f"{name}: async run", res_a.returncode == 0))
         if res.returncode or res_a.returncode:
             return res.stdout[-2000:] + res.stderr[-2000:] + res_a.stdout[-2000:] + res_a.stderr[-2000:]
@@ -97,6 +99,9 @@ def check_equal(args, checks):
         checks.append((f"{name}: latest names step 8",
                        open(os.path.join(async_dir, "checkpoints", "latest")).read().strip() == "step-00000008.h5"))
         checks.append((f"{name}: loss curves identical", losses(sync_dir) == losses(async_dir)))
+        exported = [os.path.join(d, "checkpoints", "step-00000008-hf", "model.safetensors") for d in (sync_dir, async_dir)]
+        same_hf = all(map(os.path.exists, exported)) and open(exported[0], "rb").read() == open(exported[1], "rb").read()
+        checks.append((f"{name}: last_save_in_hf folders' model.safetensors identical", same_hf))
         # Resume from the async run's step-4 checkpoint.
         resumed = os.path.join(args.out, name, "resumed")
         os.makedirs(os.path.join(resumed, "checkpoints"))
