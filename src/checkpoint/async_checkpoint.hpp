@@ -27,8 +27,8 @@ namespace meshtrain {
 
 /// Checks that MPI was initialized with MPI_THREAD_MULTIPLE (MPI_Query_thread), which the
 /// background writers need. `origin` is the deck location of [checkpoint] async_mode
-/// ("deck.toml:12" or "command line"). @throws ConfigError naming the key and the thread level
-/// the library provides.
+/// ("deck.toml:12" or "command line"), `mode` its value ("async", "async_with_pinned_mem").
+/// @throws ConfigError naming the key, the value and the thread level the library provides.
 void require_mpi_thread_multiple(const std::string& origin, const std::string& mode);
 
 /// What one background write came to. The outcome is agreed over the writers' communicator, so
@@ -47,7 +47,8 @@ struct AsyncSaveResult {
 class AsyncCheckpointer {
  public:
   /// Duplicates `world` for the writers (collective over `world`). `folder` is the checkpoint
-  /// folder, `keep_latest_k` the number of step files kept (0 = all), as publish_checkpoint.
+  /// folder, `keep_latest_k` the number of step files kept (0 = all), as publish_checkpoint;
+  /// `origin` and `mode` locate and give [checkpoint] async_mode for the error message.
   /// @throws ConfigError (require_mpi_thread_multiple) when MPI lacks MPI_THREAD_MULTIPLE,
   ///         CommError when MPI_Comm_dup fails.
   AsyncCheckpointer(MPI_Comm world, std::string folder, int64_t keep_latest_k, const std::string& origin,
