@@ -2,7 +2,8 @@
 // The save path's second line of defence on 2 ranks (FSDP): a checkpoint whose parameters or
 // AdamW moments hold a NaN or inf on any rank is refused on every rank with NonFiniteError naming
 // the dataset and the element's global index, and its .tmp file is deleted, so nothing poisoned
-// can be published; once the value is finite again the same save succeeds.
+// can be published; once the value is finite again the same save succeeds. The staging step of
+// asynchronous saves refuses the same way, and what it staged is what gets written.
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
@@ -109,4 +110,46 @@ BOOST_AUTO_TEST_CASE(nonfinite_optimizer_moment_is_refused) {
   BOOST_TEST(err.find("inf") != std::string::npos);
   s.world.barrier();
   BOOST_TEST(!std::filesystem::exists(s.dir + "/moment.tmp"));
+}
+
+// Asynchronous saves stage the state first: a NaN is refused at staging, on every rank, before
+// any file exists; a staged snapshot is written as it was when staged, whatever training does to
+// the live tensors meanwhile (what lets a background thread write it).
+BOOST_AUTO_TEST_CASE(staging_refuses_nonfinite_and_the_snapshot_is_isolated) {
+  Setup s;
+  BOOST_TEST_REQUIRE(s.world.size() == 2);
+  const std::string name = "layers.0.attention.wq.weight";
+  const LocalShard& ls = shard_on(s.sdp, name);
+  BOOST_TEST_REQUIRE(ls.value.numel() > 3);
+  const std::string path = s.dir + "/staged.tmp";
+  auto plan = [&] {
+    return plan_checkpoint(s.model, s.sdp.local_shards(), *s.opt, TrainState{7, 0, 0, 0, 0.0, 3, {}}, CheckpointRole{},
+                           CheckpointMeta{"", "test", s.world.size(), 8, false});
+  };
+  if (s.world.rank() == 1) s.poke(ls.value, 3, std::numeric_limits<float>::quiet_NaN());
+  CheckpointSnapshot bad = plan();
+  std::string err;
+  try {
+    stage_checkpoint(bad, s.world.comm(), path, *s.dev, nullptr);
+  } catch (const NonFiniteError& e) {
+    err = e.what();
+  }
+  BOOST_TEST_INFO("error: " << err);
+  BOOST_TEST(err.find("refusing to publish") != std::string::npos);  // on every rank
+  BOOST_TEST(err.find("/model/" + name + "[") != std::string::npos);
+  s.world.barrier();
+  BOOST_TEST(!std::filesystem::exists(path));
+
+  if (s.world.rank() == 1) s.poke(ls.value, 3, 0.25f);
+  CheckpointSnapshot snap = plan();
+  stage_checkpoint(snap, s.world.comm(), path, *s.dev, &bad);  // reuses the refused snapshot's buffers
+  BOOST_TEST(snap.staged);
+  s.poke(ls.value, 3, 123.0f);  // training goes on after staging
+  write_checkpoint(path, s.world.comm(), snap, nullptr);
+  s.world.barrier();
+  load_checkpoint(path, s.world.comm(), *s.dev, s.model, s.sdp.local_shards(), *s.opt);
+  float v = 0;
+  s.dev->download(&v, ls.value.view({1}, 3), sizeof v);
+  BOOST_TEST(v != 123.0f);  // every rank reads back what it staged, not the later value
+  if (s.world.rank() == 1) BOOST_TEST(v == 0.25f);
 }
