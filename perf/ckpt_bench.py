@@ -21,6 +21,10 @@ background write time (checkpoint_write seconds); the loop time per step is step
 time × saves per step. The first step (warm-up) and the last (its save is waited for at the end)
 are left out. The median over the repeats is reported.
 
+--elastic loads each checkpoint on another rank count than the one that saved it (the next of
+--ranks, cyclically: 1 -> 2, 2 -> 4, 4 -> 1), with a global batch of max(--ranks) on both sides, so
+every rank reads other hyperslabs than the writer's (the restart on a new allocation).
+
 Each is repeated --repeat times (default 3) and the best of each is compared (a shared disk's rate
 swings between runs; the best is the least disturbed). Prints MB/s and the ratio to dd, with the
 spread (slowest / best) of both sides; writes JSON. A benchmark, not a test: nothing asserts on time.
@@ -31,12 +35,12 @@ pages (memory-speed reads for both).
 
 usage: /usr/bin/python3 perf/ckpt_bench.py [--ranks 1 2 4] [--dim 512] [--layers 8] [--vocab 8192]
            [--repeat 3] [--cached] [--dir DIR] [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain]
+       /usr/bin/python3 perf/ckpt_bench.py --elastic [--ranks 1 2 4] ...
        /usr/bin/python3 perf/ckpt_bench.py --async-cost [--steps 12] [--interval 1] [--seq-len 32] [--ranks ...] ...
 """
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -47,13 +51,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from comm_volume import ROOT, add_run_arguments, ensure_data, write_result  # noqa: E402
 
 
-def run_train(args, data, folder, n, steps, extra=()):
+def run_train(args, data, folder, n, steps, extra=(), global_batch=None):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(n), args.binary, "train",
            "--deck", os.path.join(ROOT, "inputs/llama3_debug.toml"), f"--training.dataset={data}",
            f"--job.dump_folder={folder}", "--validation.enable=false", "--metrics.log_freq=1",
            f"--model.dim={args.dim}", f"--model.n_layers={args.layers}", "--model.n_heads=8", "--model.n_kv_heads=8",
            f"--model.vocab_size={args.vocab}", "--training.local_batch_size=1", f"--training.seq_len={args.seq_len}",
-           f"--training.global_batch_size={n}", f"--training.steps={steps}", "--checkpoint.keep_latest_k=1"]
+           f"--training.global_batch_size={global_batch or n}", f"--training.steps={steps}", "--checkpoint.keep_latest_k=1"]
     # extra's own checkpoint switches replace the defaults (a key may be given once)
     cmd += [a for a in ("--checkpoint.enable=true", "--checkpoint.interval=1") if a.split("=")[0] not in
             {e.split("=")[0] for e in extra}] + list(extra)
@@ -153,6 +157,7 @@ def main():
     p.add_argument("--dir", help="where checkpoints and dd's file go (default: under --out)")
     p.add_argument("--seq-len", type=int, default=32, help="training sequence length (a longer one makes steps longer)")
     p.add_argument("--async-cost", action="store_true", help="step-time cost of async saves against sync saves")
+    p.add_argument("--elastic", action="store_true", help="load on the next rank count of --ranks than the one that saved")
     p.add_argument("--steps", type=int, default=12, help="--async-cost: steps per run")
     p.add_argument("--interval", type=int, default=1, help="--async-cost: steps between saves")
     add_run_arguments(p, "ckpt_bench")
@@ -166,19 +171,21 @@ def main():
     if args.async_cost:
         return async_cost(args, data, base)
     rows = []
-    for n in args.ranks:
+    gb = max(args.ranks) if args.elastic else None
+    for i, n in enumerate(args.ranks):
+        m = args.ranks[(i + 1) % len(args.ranks)] if args.elastic else n  # the rank count that loads
         folder = os.path.join(base, f"np{n}")
         saves, loads, dd_ws, dd_rs = [], [], [], []
         dd_file = os.path.join(base, "dd.bin")
         for _ in range(args.repeat):
             shutil.rmtree(folder, ignore_errors=True)
-            save = run_train(args, data, folder, n, 1)[-1]
+            save = [r for r in run_train(args, data, folder, n, 1, global_batch=gb) if r.get("event") == "checkpoint_save"][-1]
             w0, r0 = dd(args, dd_file, save["bytes"])
             if not args.cached:
                 for name in os.listdir(os.path.join(folder, "checkpoints")):
                     if name.endswith(".h5"):
                         evict(os.path.join(folder, "checkpoints", name))
-            load = next(r for r in run_train(args, data, folder, n, 2) if r["event"] == "checkpoint_load")
+            load = next(r for r in run_train(args, data, folder, m, 2, global_batch=gb) if r.get("event") == "checkpoint_load")
             w1, r1 = dd(args, dd_file, save["bytes"])
             saves.append(save["seconds"])
             loads.append(load["seconds"])
@@ -187,19 +194,20 @@ def main():
             nbytes = save["bytes"]
         shutil.rmtree(folder, ignore_errors=True)
         mb = nbytes / 1e6
-        row = {"ranks": n, "bytes": nbytes, "repeat": args.repeat, "save_s": saves, "load_s": loads,
+        row = {"ranks": n, "load_ranks": m, "bytes": nbytes, "repeat": args.repeat, "save_s": saves, "load_s": loads,
                "dd_write_mb_s": dd_ws, "dd_read_mb_s": dd_rs,
                "save_mb_s": mb / min(saves), "load_mb_s": mb / min(loads),
                "dd_write_best_mb_s": max(dd_ws), "dd_read_best_mb_s": max(dd_rs)}
         row["save_vs_dd"] = row["save_mb_s"] / row["dd_write_best_mb_s"]
         row["load_vs_dd"] = row["load_mb_s"] / row["dd_read_best_mb_s"]
         rows.append(row)
-        print(f"{n} ranks: {mb:.0f} MB  save {row['save_mb_s']:.0f} MB/s (spread {max(saves) / min(saves):.1f}x) = "
+        print(f"{n} ranks{f' (loaded on {m})' if m != n else ''}: {mb:.0f} MB  save {row['save_mb_s']:.0f} MB/s (spread {max(saves) / min(saves):.1f}x) = "
               f"{row['save_vs_dd']:.2f}x dd write {row['dd_write_best_mb_s']:.0f} (spread "
               f"{max(dd_ws) / min(dd_ws):.1f}x)  load {row['load_mb_s']:.0f} MB/s (spread {max(loads) / min(loads):.1f}x) = "
               f"{row['load_vs_dd']:.2f}x dd read {row['dd_read_best_mb_s']:.0f} (spread {max(dd_rs) / min(dd_rs):.1f}x)",
               flush=True)
-    write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base, "rows": rows})
+    write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base,
+                             "elastic": args.elastic, "rows": rows})
 
 
 if __name__ == "__main__":

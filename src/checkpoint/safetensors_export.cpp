@@ -108,6 +108,30 @@ std::vector<char> encode_values(const std::vector<float>& src, const ExportType&
   return out;
 }
 
+
+// Copies `from` into `tmp` (synced; renaming is the caller's).
+void copy_synced(const std::string& from, const std::string& tmp) {
+  std::FILE* in = std::fopen(from.c_str(), "rb");
+  if (!in) h5::fail(from, "cannot read the tokenizer file");
+  try {
+    write_synced(tmp, [&](std::FILE* out) {
+      char buf[1 << 16];
+      for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) write_all(out, buf, n, tmp);
+      if (std::ferror(in)) h5::fail(from, "read error");
+    });
+  } catch (...) {
+    std::fclose(in);
+    throw;
+  }
+  std::fclose(in);
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
 nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string& path) {
   const bool qwen = a.name == "qwen3", moe = a.num_experts > 0;
   if (moe) {
@@ -185,29 +209,6 @@ nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string&
   }
   return c;
 }
-
-// Copies `from` into `tmp` (synced; renaming is the caller's).
-void copy_synced(const std::string& from, const std::string& tmp) {
-  std::FILE* in = std::fopen(from.c_str(), "rb");
-  if (!in) h5::fail(from, "cannot read the tokenizer file");
-  try {
-    write_synced(tmp, [&](std::FILE* out) {
-      char buf[1 << 16];
-      for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) write_all(out, buf, n, tmp);
-      if (std::ferror(in)) h5::fail(from, "read error");
-    });
-  } catch (...) {
-    std::fclose(in);
-    throw;
-  }
-  std::fclose(in);
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
 
 std::string hf_parameter_name(const std::string& name) {
   static const std::pair<const char*, const char*> kTop[] = {

@@ -4,10 +4,22 @@
 /// Qwen3ForCausalLM / Qwen3MoeForCausalLM / MixtralForCausalLM load (doc/checkpoint-format.md,
 /// "Export").
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "config/model_args.hpp"
+
 namespace meshtrain {
+
+/// The config.json (as JSON) of model `a` in Hugging Face's naming: architectures, model_type
+/// ("llama", "qwen3", "qwen3_moe", "mixtral"), the widths, heads, vocabulary, rms_norm_eps,
+/// rope_theta and rope_scaling (Llama 3.1's "llama3" type), tie_word_embeddings, the MoE fields;
+/// max_position_embeddings from `seq_len`; torch_dtype "float32". Export writes it; import
+/// (hf_import.hpp) checks a folder's config.json against it.
+/// @throws CheckpointError naming `path` when the model has no Hugging Face architecture (a
+/// shared expert, sigmoid routing, route_scale ≠ 1, a dense block in Mixtral, Llama with qk_norm).
+nlohmann::json hf_config(const ModelArgs& a, int64_t seq_len, const std::string& path);
 
 /// The Hugging Face name of a meshtrain (Meta-layout) parameter name, e.g.
 /// "layers.3.attention.wq.weight" → "model.layers.3.self_attn.q_proj.weight".

@@ -1,24 +1,23 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 #include <unordered_map>
 
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
+#include "checkpoint/node_read.hpp"
+#include "checkpoint/stream_verifier.hpp"
 #include "model/parameter_catalog.hpp"
 #include "comm/mpi/mpi_chunking.hpp"
 #include "util/errors.hpp"
@@ -292,47 +291,6 @@ void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path,
   check_shard_hash(r, host.data(), host.size(), path);
 }
 
-// Hands byte ranges of a file to the kernel (POSIX_FADV_WILLNEED), in order, from a thread of
-// its own, staying at most kWindow bytes ahead of the range being read: the page cache fills
-// while the reading thread is busy hashing and placing the previous shard. The advice call can
-// block while it submits I/O, hence the thread. Purely a hint: failures are ignored.
-class Prefetcher {
- public:
-  static constexpr int64_t kWindow = int64_t(256) << 20;
-
-  Prefetcher(const std::string& path, const std::vector<std::pair<off_t, off_t>>& ranges)
-      : ranges_(ranges), fd_(::open(path.c_str(), O_RDONLY)) {
-    prefix_.push_back(0);
-    for (const auto& r : ranges_) prefix_.push_back(prefix_.back() + r.second);
-    if (fd_ >= 0) thread_ = std::thread([this] { run(); });
-  }
-  ~Prefetcher() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Prefetcher(const Prefetcher&) = delete;
-  Prefetcher& operator=(const Prefetcher&) = delete;
-
-  /// The reader has moved on to range k.
-  void reading(size_t k) { reading_ = k; }
-
- private:
-  void run() {
-    for (size_t j = 0; j < ranges_.size() && !stop_; ++j) {
-      while (!stop_ && prefix_[j] - prefix_[std::min<size_t>(reading_, j)] > kWindow)
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      if (ranges_[j].second > 0) ::posix_fadvise(fd_, ranges_[j].first, ranges_[j].second, POSIX_FADV_WILLNEED);
-    }
-  }
-
-  const std::vector<std::pair<off_t, off_t>>& ranges_;
-  std::vector<int64_t> prefix_;  // bytes of ranges [0, j)
-  int fd_;
-  std::atomic<size_t> reading_{0};
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -522,7 +480,7 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 }
 
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                           const std::vector<LocalShard>& shards, AdamW& opt) {
+                           const std::vector<LocalShard>& shards, AdamW& opt, bool model_only) {
   TrainState state;
   std::string error;
   int rank = 0, size = 1;
@@ -532,6 +490,18 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   std::vector<ChecksumRecord> records;
   std::vector<int> verified;  // per /checksums record: 1 once a rank has read and hashed exactly that hyperslab
   std::vector<float> host;
+  // Where each planned read lands: the tensor, the host bytes (the tensor itself, or staging).
+  struct LandedRead {
+    Tensor dst;
+    char* host;
+    std::string name;
+    std::vector<hsize_t> start, count;
+  };
+  std::vector<LandedRead> reads;
+  std::vector<std::vector<float>> staged;
+  std::vector<FileExtent> extents;
+  uint64_t file_size = 0;
+  std::unordered_map<std::string, size_t> by_key;  // checksum_key → index in records
   try {
     // Every rank opens the file read-only on its own (no collective requirements on reads). A
     // missing or non-HDF5 file becomes our message, not HDF5's error stack.
@@ -543,7 +513,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (g.id < 0 || h5::read_string_attr(g.id, "format", path) != kFormat) h5::fail(path, "not a meshtrain checkpoint (no /meta format)");
       const int64_t v = h5::read_int_attr(g.id, "format_version", path);
       if (v != kFormatVersion) h5::fail(path, "format version " + std::to_string(v) + ", this meshtrain reads " + std::to_string(kFormatVersion));
-      if (h5::read_int_attr(g.id, "model_only", path))
+      if (!model_only && h5::read_int_attr(g.id, "model_only", path))
         h5::fail(path, "a model-only checkpoint ([checkpoint] last_save_model_only) has no optimizer state to resume "
                        "training from; set [checkpoint] load_step to an earlier step, or export it");
     }
@@ -576,7 +546,8 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       state.expert_bias.push_back(std::move(b));
     }
     records = read_checksum_records(file.id, path);
-    std::unordered_map<std::string, size_t> by_key;
+    if (model_only)  // the optimizer state is not read, so its records are not verified either
+      std::erase_if(records, [](const ChecksumRecord& r) { return r.dataset.rfind("/optimizer/", 0) == 0; });
     for (size_t i = 0; i < records.size(); ++i) by_key.emplace(checksum_key(records[i].dataset, records[i].start, records[i].count), i);
     verified.assign(records.size(), 0);
     auto open_checked = [&](const std::string& name, const Parameter& p) {
@@ -592,9 +563,8 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                            ", the model needs " + shape_str(p.shape));
       return ds;
     };
-    // The plan, in file order — the writer allocated each parameter's value, exp_avg and exp_avg_sq
-    // one after the other — so the reads move forward through the file. Replicated parameters
-    // (DDP, ZeRO-1/2) read every element of the tp slab; FSDP the shard.
+    // What this rank holds: every parameter piece (replicated parameters — DDP, ZeRO-1/2 — the
+    // whole tp slab; FSDP the shard) and, unless model_only, its shards' AdamW moments.
     struct Read {
       std::string name;
       const Parameter* p;
@@ -602,63 +572,96 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       int64_t first_elem;
     };
     std::vector<Read> plan;
-    const bool replicated = model.flat_params().defined();
-    std::unordered_map<const Parameter*, std::vector<size_t>> shards_of;
-    for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].param].push_back(i);
-    for (Parameter* p : model.parameters()) {
-      if (replicated) plan.push_back({"/model/" + p->name, p, p->value.reshape({p->value.numel()}), 0});
-      for (size_t i : shards_of[p]) {
-        const LocalShard& ls = shards[i];
-        const int64_t n = ls.value.numel();
-        if (!replicated) plan.push_back({"/model/" + p->name, p, ls.value, ls.first_elem});
-        plan.push_back({state_name(*p, "exp_avg"), p, opt.exp_avg().view({n}, opt.offset(i)), ls.first_elem});
-        plan.push_back({state_name(*p, "exp_avg_sq"), p, opt.exp_avg_sq().view({n}, opt.offset(i)), ls.first_elem});
-      }
+    for (const ParameterPiece& piece : local_parameter_pieces(model, shards))
+      plan.push_back({"/model/" + piece.p->name, piece.p, piece.dst, piece.first_elem});
+    for (size_t i = 0; i < shards.size() && !model_only; ++i) {
+      const LocalShard& ls = shards[i];
+      const int64_t n = ls.value.numel();
+      plan.push_back({state_name(*ls.param, "exp_avg"), ls.param, opt.exp_avg().view({n}, opt.offset(i)), ls.first_elem});
+      plan.push_back({state_name(*ls.param, "exp_avg_sq"), ls.param, opt.exp_avg_sq().view({n}, opt.offset(i)), ls.first_elem});
     }
     std::erase_if(plan, [](const Read& r) { return r.dst.numel() == 0; });
-    // Every dataset is opened (its header read) before any data; a Prefetcher then keeps the
-    // disk streaming the next reads' byte ranges while this thread hashes and places a shard.
-    std::vector<Handle> datasets;
-    std::vector<std::vector<hsize_t>> starts(plan.size()), counts(plan.size());
-    std::vector<std::pair<off_t, off_t>> ranges(plan.size(), {0, 0});
-    for (size_t k = 0; k < plan.size(); ++k) {
-      const Read& r = plan[k];
-      datasets.push_back(open_checked(r.name, *r.p));
-      shard_hyperslab(*r.p, r.first_elem, r.dst.numel(), starts[k], counts[k]);
-      const haddr_t base = H5Dget_offset(datasets.back().id);  // contiguous layout: where the data starts
-      if (base == HADDR_UNDEF) continue;
-      int64_t first = 0, last = 0, stride = 1;  // row-major element indices of the slab's corners
-      for (size_t d = r.p->shape.size(); d-- > 0;) {
-        first += int64_t(starts[k][d]) * stride;
-        last += int64_t(starts[k][d] + counts[k][d] - 1) * stride;
-        stride *= r.p->shape[d];
+    // Each read becomes the byte runs of its hyperslab in the (contiguous) dataset, landing in the
+    // tensor itself on host-memory devices, else in a staging buffer uploaded afterwards.
+    for (const Read& r : plan) {
+      Handle ds = open_checked(r.name, *r.p);
+      std::vector<hsize_t> start, count;
+      shard_hyperslab(*r.p, r.first_elem, r.dst.numel(), start, count);
+      const haddr_t base = H5Dget_offset(ds.id);
+      if (base == HADDR_UNDEF) h5::fail(path, "dataset " + r.name + " is not stored contiguously (not written by meshtrain?)");
+      char* dst = static_cast<char*>(dev.host_address(r.dst));
+      if (!dst) {
+        staged.emplace_back(size_t(r.dst.numel()));
+        dst = reinterpret_cast<char*>(staged.back().data());
       }
-      ranges[k] = {off_t(base + hsize_t(first) * sizeof(float)), off_t((last - first + 1) * int64_t(sizeof(float)))};
+      reads.push_back({r.dst, dst, r.name, start, count});
+      for (const FileExtent& e : box_extents(base, std::vector<hsize_t>(r.p->shape.begin(), r.p->shape.end()), start, count, dst))
+        extents.push_back(e);
     }
-    Prefetcher prefetch(path, ranges);
-    for (size_t k = 0; k < plan.size(); ++k) {
-      prefetch.reading(k);
-      const Read& r = plan[k];
-      const size_t n = size_t(r.dst.numel());
-      // Host-memory devices are read into directly; others through the staging buffer.
-      float* dst = static_cast<float*>(dev.host_address(r.dst));
-      if (!dst) host.resize(n);
-      float* buf = dst ? dst : host.data();
-      if (!transfer(datasets[k].id, starts[k], counts[k], buf, false))
-        h5::fail(path, "cannot read dataset " + r.name + " (truncated or corrupt file)");
-      // A read that is exactly a written shard (always so when resuming on the writer's layout)
-      // is verified from the bytes just read, so the common case reads the file once.
-      if (const auto it = by_key.find(checksum_key(r.name, starts[k], counts[k])); it != by_key.end()) {
-        check_shard_hash(records[it->second], buf, n, path);
-        verified[it->second] = 1;
-      }
-      if (!dst) dev.upload(r.dst, buf, n * sizeof(float));
-    }
+    file_size = uint64_t(std::filesystem::file_size(path));
   } catch (const std::exception& e) {
     error = e.what();
   }
-  // Records no rank read whole (an elastic restart splits shards differently) are re-read, dealt
-  // round-robin. Every rank takes part in the collectives, whatever happened above.
+  // The read itself is collective: only when every rank could plan it.
+  int failed = error.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, world);
+  if (!failed) try {
+      // A read that is exactly a written shard (always so when resuming on the writer's layout)
+      // is verified from the bytes read. The others (an elastic restart splits shards
+      // differently) are hashed by each node's reader as the bytes stream past, so the
+      // checkpoint is read once either way.
+      std::vector<int> exact(records.size(), 0);
+      for (const LandedRead& r : reads)
+        if (const auto it = by_key.find(checksum_key(r.name, r.start, r.count)); it != by_key.end()) exact[it->second] = 1;
+      MPI_Allreduce(MPI_IN_PLACE, exact.data(), checked_int_count(int64_t(exact.size()), path + ": /checksums records"),
+                    MPI_INT, MPI_MAX, world);
+      NodeReader node(world);
+      std::vector<size_t> streamed;  // records the node's reader hashes
+      std::unique_ptr<StreamVerifier> verifier;
+      if (node.reader()) {
+        std::vector<ChecksumRecord> recs;
+        std::vector<std::vector<FileExtent>> runs;
+        for (size_t i = 0; i < records.size(); ++i) {
+          if (exact[i]) continue;
+          Handle ds{-1, H5Dclose};
+          H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, records[i].dataset.c_str(), H5P_DEFAULT); }
+          H5E_END_TRY;
+          const haddr_t base = ds.id < 0 ? HADDR_UNDEF : H5Dget_offset(ds.id);
+          if (base == HADDR_UNDEF) continue;  // left to the re-read below, which names the problem
+          Handle space{H5Dget_space(ds.id), H5Sclose};
+          std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
+          H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+          try {
+            runs.push_back(box_extents(base, dims, records[i].start, records[i].count, nullptr));
+          } catch (const std::invalid_argument&) {
+            continue;  // a record outside its dataset: the re-read reports it
+          }
+          recs.push_back(records[i]);
+          streamed.push_back(i);
+        }
+        verifier = std::make_unique<StreamVerifier>(std::move(recs), std::move(runs));
+      }
+      node.read(path, file_size, std::move(extents), verifier ? ChunkObserver([&](uint64_t o, const char* d, uint64_t n) {
+                                                                  verifier->observe(o, d, n);
+                                                                })
+                                                              : ChunkObserver());
+      for (const LandedRead& r : reads) {
+        const size_t n = size_t(r.dst.numel());
+        if (const auto it = by_key.find(checksum_key(r.name, r.start, r.count)); it != by_key.end()) {
+          check_shard_hash(records[it->second], reinterpret_cast<const float*>(r.host), n, path);
+          verified[it->second] = 1;
+        }
+        if (!dev.host_address(r.dst)) dev.upload(r.dst, r.host, n * sizeof(float));
+      }
+      if (verifier) {
+        const std::vector<int> ok = verifier->finish(path);
+        for (size_t k = 0; k < streamed.size(); ++k) verified[streamed[k]] |= ok[k];
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  // Records no reader saw whole (a node that did not need all of a record's bytes) are re-read,
+  // dealt round-robin. Every rank takes part in the collectives, whatever happened above.
   int64_t n_records = error.empty() ? int64_t(records.size()) : -1, max_records = 0;
   MPI_Allreduce(&n_records, &max_records, 1, MPI_INT64_T, MPI_MAX, world);
   verified.resize(size_t(std::max<int64_t>(max_records, 0)), 0);
@@ -672,8 +675,30 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       error = e.what();
     }
   agree(world, path, error);
-  opt.set_step_count(state.optimizer_step);
+  if (!model_only) opt.set_step_count(state.optimizer_step);
   return state;
+}
+
+}  // namespace meshtrain
+
+namespace meshtrain {
+
+std::vector<ParameterPiece> local_parameter_pieces(const Transformer& model, const std::vector<LocalShard>& shards) {
+  std::vector<ParameterPiece> out;
+  const bool replicated = model.flat_params().defined();
+  std::unordered_map<const Parameter*, std::vector<size_t>> shards_of;
+  for (size_t i = 0; i < shards.size(); ++i) shards_of[shards[i].param].push_back(i);
+  for (Parameter* p : model.parameters()) {
+    if (replicated) out.push_back({p, p->value.reshape({p->value.numel()}), 0});
+    else
+      for (size_t i : shards_of[p]) out.push_back({p, shards[i].value, shards[i].first_elem});
+  }
+  std::erase_if(out, [](const ParameterPiece& r) { return r.dst.numel() == 0; });
+  return out;
+}
+
+void agree_on_outcome(MPI_Comm world, const std::string& path, const std::string& local_error) {
+  agree(world, path, local_error);
 }
 
 }  // namespace meshtrain

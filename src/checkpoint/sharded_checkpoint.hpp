@@ -119,12 +119,33 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 /// whole tp slab), and AdamW's step count. Every /checksums record is verified: from the bytes
 /// just read when a rank's read is exactly that shard (resuming on the writer's layout reads the
 /// file once), otherwise by a re-read dealt round-robin over `world`. Collective over `world`.
-/// Returns the train state.
-/// @throws CheckpointError naming the file and dataset: not a checkpoint, a model-only checkpoint,
+/// Returns the train state. With `model_only` ([checkpoint] initial_load_model_only) only the
+/// parameters (and MoE selection biases) are read and verified: the optimizer state, its step
+/// count and the records of /optimizer are left alone, and a model-only checkpoint is accepted.
+/// @throws CheckpointError naming the file and dataset: not a checkpoint, a model-only checkpoint
+/// (unless `model_only`),
 /// a missing dataset, a parameter of another global shape (another model), an unreadable
 /// hyperslab, a failed checksum.
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                           const std::vector<LocalShard>& shards, AdamW& opt);
+                           const std::vector<LocalShard>& shards, AdamW& opt, bool model_only = false);
+
+/// Collective over `world`: when any rank's `local_error` is non-empty, every rank throws
+/// CheckpointError with the lowest such rank's message (prefixed with `path` unless it starts
+/// with it), so no rank goes on into a collective the others left. Returns when none failed.
+void agree_on_outcome(MPI_Comm world, const std::string& path, const std::string& local_error);
+
+/// One piece of parameter values a rank holds: `dst` ([n] float32, a view) is elements
+/// [first_elem, first_elem + n) of p's tp-local tensor.
+struct ParameterPiece {
+  Parameter* p = nullptr;
+  Tensor dst;
+  int64_t first_elem = 0;
+};
+
+/// The parameter values this rank loads, in model order: each parameter's whole tp slab when the
+/// model holds replicated parameters (DDP, ZeRO-1/2), else each of its FSDP `shards`; empty
+/// pieces left out. Throws nothing.
+std::vector<ParameterPiece> local_parameter_pieces(const Transformer& model, const std::vector<LocalShard>& shards);
 
 /// One line of /checksums: the XXH3-64 (16 hex digits) of hyperslab {start, count} of `dataset`.
 struct ChecksumRecord {

@@ -280,6 +280,12 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
     fail(*this, "checkpoint.last_save_in_hf",
          "needs [checkpoint] enable = true and last_save_model_only = true (a Hugging Face folder holds the model "
          "only, written from the model-only last save)");
+  if (checkpoint.initial_load_in_hf && !checkpoint.initial_load_model_only)
+    fail(*this, "checkpoint.initial_load_model_only",
+         "must be true with initial_load_in_hf = true (a Hugging Face model folder holds no optimizer or training state)");
+  if (checkpoint.initial_load_in_hf && checkpoint.initial_load_path.empty() && model.hf_assets_path.empty())
+    fail(*this, "checkpoint.initial_load_in_hf",
+         "needs the Hugging Face model folder: set [checkpoint] initial_load_path or [model] hf_assets_path");
   const std::string& opt = activation_checkpoint.selective_ac_option;
   if (activation_checkpoint.mode == "selective" && opt == "op")
     fail(*this, "activation_checkpoint.selective_ac_option",

@@ -189,6 +189,17 @@ struct CheckpointSection {
   /// The save after the last step holds parameters only (no optimizer state): smaller, for
   /// export and evaluation; training cannot resume from it (TorchTitan's key).
   bool last_save_model_only = false;
+  /// Where a run with no checkpoint in `folder` yet starts from (TorchTitan's key): a meshtrain
+  /// checkpoint file (step-NNNNNNNN.h5), a checkpoint folder (its `latest`), or with
+  /// initial_load_in_hf a Hugging Face model folder. Ignored once `folder` holds a checkpoint, so
+  /// a restarted job resumes its own state. "" = none.
+  std::string initial_load_path;
+  /// Read only the parameters from initial_load_path (the optimizer, step and data cursor start
+  /// afresh); false resumes its whole training state (TorchTitan's key).
+  bool initial_load_model_only = true;
+  /// initial_load_path is a Hugging Face model folder (config.json + safetensors); without
+  /// initial_load_path, [model] hf_assets_path is that folder (TorchTitan's key).
+  bool initial_load_in_hf = false;
   /// The last save is also written as a Hugging Face model folder (model.safetensors,
   /// config.json, the hf_assets_path tokenizer files) in <checkpoint folder>/step-NNNNNNNN-hf
   /// (TorchTitan's key; needs enable and last_save_model_only).

@@ -395,6 +395,16 @@ std::vector<Option> build_option_table() {
     s.str("on_corrupt", &CheckpointSection::on_corrupt,
           "a checkpoint that fails to load (checksum, truncation, shape): fail, or fall back to the previous one",
           {"fail", "previous"});
+    s.str("initial_load_path", &CheckpointSection::initial_load_path,
+          "where a run whose checkpoint folder is still empty starts from: a checkpoint file, a checkpoint folder "
+          "(its latest), or a Hugging Face model folder (initial_load_in_hf); \"\" = none",
+          {}, "path");
+    s.boolean("initial_load_model_only", &CheckpointSection::initial_load_model_only,
+              "read only the parameters from initial_load_path (optimizer, step and data cursor start afresh); "
+              "false resumes its whole training state");
+    s.boolean("initial_load_in_hf", &CheckpointSection::initial_load_in_hf,
+              "initial_load_path (or, unset, [model] hf_assets_path) is a Hugging Face model folder: config.json is "
+              "checked against [model], the safetensors (bf16, fp16, fp32) become float32 masters in any layout");
     s.boolean("last_save_model_only", &CheckpointSection::last_save_model_only,
               "the save after the last step holds parameters only (no optimizer state; cannot be resumed from)");
     s.boolean("last_save_in_hf", &CheckpointSection::last_save_in_hf,

@@ -5,7 +5,7 @@
 // the others are TorchTitan-only options whose value is kept in JobConfig::torchtitan.
 //
 // How an outcome is chosen (doc/torchtitan-compat.md says the same to users):
-//  - a value that states what meshtrain does anyway is honoured (async_mode = "disabled");
+//  - a value that states what meshtrain does anyway is honoured (expert_parallel_comm_backend = "standard");
 //  - a switch that asks for a feature meshtrain lacks is refused when on, "not implemented yet"
 //    (enable_async_tensor_parallel = true), and honoured when off;
 //  - a key that only tunes a feature meshtrain lacks or has no use for (the float8 recipe, the
@@ -348,20 +348,18 @@ Table build_table() {
             notice_if_false("meshtrain's checkpoints always hold the loader position (and there is no torchft)"));
   t.shared("folder", "\"checkpoint\"");
   t.shared("interval", "500");
-  t.str("initial_load_path", "None",
-        refused_when_set("loading an initial checkpoint from another folder is not implemented yet (meshtrain "
-                         "resumes from [checkpoint] folder)"));
-  t.boolean("initial_load_model_only", "true",
-            notice("applies only with initial_load_path, which is not implemented yet"));
-  t.boolean("initial_load_in_hf", "false",
-            refused_if_true("loading Hugging Face safetensors is not implemented yet"));
+  t.shared("initial_load_path", "None");
+  t.shared("initial_load_model_only", "true");
+  t.shared("initial_load_in_hf", "false");
   t.boolean("initial_load_in_hf_quantized", "false",
             refused_if_true("loading quantized Hugging Face safetensors is not implemented yet"));
   t.shared("last_save_model_only", "true");
   t.shared("last_save_in_hf", "false");
   t.shared("export_dtype", "\"float32\"");
-  t.str("async_mode", "\"disabled\"", refused_unless("disabled", "asynchronous checkpointing is not implemented yet"),
-        {"disabled", "async", "async_with_pinned_mem"});
+  t.shared("async_mode", "\"disabled\"",
+           honoured("\"async\" and \"async_with_pinned_mem\" stage the state in host memory (ordinary, not pinned: "
+                    "meshtrain has no pinned-host allocator yet) and write it from a background thread, which needs "
+                    "MPI_THREAD_MULTIPLE"));
   t.shared("keep_latest_k", "10");
   t.shared("load_step", "-1");
   t.list("exclude_from_loading", "[]",

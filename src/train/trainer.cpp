@@ -35,6 +35,7 @@
 #include "parallel/tp_grads.hpp"
 #include "plan/planner.hpp"
 #include "train/device_comms.hpp"
+#include "train/initial_load.hpp"
 #include "train/nonfinite_guard.hpp"
 #include "train/pipeline_runtime.hpp"
 #include "train/preemption.hpp"
@@ -198,6 +199,11 @@ Trainer::Trainer(const JobConfig& cfg, const ParallelDims& dims, const TokenStor
   resume();
   open_outputs();
   log_start();
+  // Asynchronous checkpoints: the writers' own communicator, duplicated while every rank is here.
+  const CheckpointSection& ck = cfg.checkpoint;
+  if (ck.enable && ck.async_mode != "disabled")
+    async_ckpt_ = std::make_unique<AsyncCheckpointer>(world.comm(), ckpt_dir_, ck.keep_latest_k,
+                                                      cfg.origin_of("checkpoint.async_mode"), ck.async_mode);
 }
 
 Trainer::~Trainer() = default;
@@ -317,14 +323,32 @@ void Trainer::resume() {
   // Resume: the checkpoint `latest` names (or load_step's) is read into this layout's shards,
   // whatever layout wrote it (every rank reads the hyperslabs it now owns).
   ckpt_dir_ = (out_dir_ / cfg_.checkpoint.folder).string();  // an absolute folder wins
-  if (!cfg_.checkpoint.enable) return;
   const auto t_load = Clock::now();
-  const auto from = load_with_fallback(cfg_.checkpoint, ckpt_dir_, [&](const std::string& f) {
-    resumed_ = load_checkpoint(f, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_);
-    restore_expert_biases(args_, model_->moe_layers(), resumed_.expert_bias);
-    model_->params_changed();
-  });
-  if (!from) return;
+  std::optional<std::string> from;
+  if (cfg_.checkpoint.enable)
+    from = load_with_fallback(cfg_.checkpoint, ckpt_dir_, [&](const std::string& f) {
+      resumed_ = load_checkpoint(f, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_);
+      restore_expert_biases(args_, model_->moe_layers(), resumed_.expert_bias);
+      model_->params_changed();
+    });
+  if (!from) {
+    // Nothing of this run's own yet: [checkpoint] initial_load_path, if set, is where it starts.
+    const auto init = load_initial_checkpoint(cfg_, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_);
+    if (!init) return;
+    if (!init->full_state) {
+      const double seconds = seconds_since(t_load);
+      load_event_ = {{"event", "checkpoint_load"}, {"initial", true},        {"format", init->format},
+                     {"path", init->path},         {"bytes", init->bytes},   {"seconds", seconds}};
+      log::info("initial weights from " + init->path + " (" +
+                (init->format == "huggingface" ? "Hugging Face, " + std::to_string(init->tensors) + " tensors, config.json checked"
+                                               : std::string("meshtrain checkpoint, parameters only, checksums verified")) +
+                "; " + human_bytes(double(init->bytes)) + " read in " + fmt("%.2f s", seconds) +
+                "); optimizer, step and data cursor start afresh");
+      return;
+    }
+    resumed_ = init->state;
+    from = init->path;
+  }
   if (resumed_.seed != cfg_.training.seed)  // the remaining sample order would change
     throw CheckpointError(*from + ": written with [training] seed " + std::to_string(resumed_.seed) + ", the deck has " +
                           std::to_string(cfg_.training.seed) + "; resuming would reorder the remaining samples (set seed = " +
@@ -470,6 +494,10 @@ StepResult Trainer::train_step(int64_t step) {
   try {
     check = guard_->check(step, r.loss, r.grad_norm, shard_terms_, world_, preemption_requested() ? preemption_signal() : 0);
   } catch (const NonFiniteError& e) {
+    // A background write still in flight settles `latest` first (its failure, if any, is
+    // reported; the non-finite step is what stops the run).
+    if (async_ckpt_)
+      if (const auto w = async_ckpt_->wait()) report_async_save(*w);
     const auto last = cfg_.checkpoint.enable ? checkpoint_to_load(ckpt_dir_, -1) : std::nullopt;
     throw NonFiniteError(std::string(e.what()) + "; " +
                          (!cfg_.checkpoint.enable ? std::string("[checkpoint] enable is false, so there is nothing to resume from")
@@ -593,6 +621,7 @@ double Trainer::validate() {
 void Trainer::save(int64_t step) {
   trace::Span span("checkpoint save", "checkpoint");
   const auto t_save = Clock::now();
+  finish_async_save();  // one write in flight at a time; a failed one stops the run here
   if (rank0_) std::filesystem::create_directories(ckpt_dir_);
   world_.barrier();
   const std::string tmp = (std::filesystem::path(ckpt_dir_) / checkpoint_file_name(step)).string() + ".tmp";
@@ -602,8 +631,29 @@ void Trainer::save(int64_t step) {
                       gather_expert_biases(args_, model_->moe_layers(), world_)};
   const bool model_only = cfg_.checkpoint.last_save_model_only && step == cfg_.training.steps;
   CheckpointMeta meta{resolved_deck_toml(cfg_), layout_summary(dims_), int64_t(world_.size()), seq_len_, model_only};
-  save_checkpoint(tmp, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_, st,
-                  CheckpointRole{pc_.dp_primary(), pc_.tp_primary()}, meta);
+  const CheckpointRole role{pc_.dp_primary(), pc_.tp_primary()};
+  const std::string file = ckpt_dir_ + "/" + checkpoint_file_name(step);
+  if (async_ckpt_) {
+    // Only the copy to host memory blocks (with the NaN / inf check, agreed: a non-finite state
+    // stops the run here as a synchronous save would); the writer thread does the rest.
+    CheckpointSnapshot snap = plan_checkpoint(*model_, sync_->local_shards(), *opt_, st, role, meta);
+    stage_checkpoint(snap, world_.comm(), tmp, *device_, async_ckpt_->recycle());
+    int64_t staged = 0;
+    for (const StagedShard& s : snap.shards) staged += int64_t(s.values.size() * sizeof(float));
+    async_ckpt_->start(step, std::move(snap));
+    const double dt = seconds_since(t_save);
+    metrics_->write({{"event", "checkpoint_save"}, {"step", step}, {"async", true}, {"seconds", dt}, {"blocking_s", dt},
+                     {"staged_bytes_rank0", staged}});
+    log::info("checkpoint: step " + std::to_string(step) + (model_only ? " (model only)" : "") + " staged in " +
+              fmt("%.3f s", dt) + " (" + human_bytes(double(staged)) + " on rank 0); " + file +
+              " is written in the background");
+    if (model_only && cfg_.checkpoint.last_save_in_hf) {
+      finish_async_save();  // the export reads the published file
+      save_hf(step, file);
+    }
+    return;
+  }
+  save_checkpoint(tmp, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_, st, role, meta);
   // Rank 0 publishes; every rank learns whether that worked, so all stop together if not.
   std::string error;
   if (rank0_) try {
@@ -617,12 +667,34 @@ void Trainer::save(int64_t step) {
     throw CheckpointError(rank0_ ? error
                                  : ckpt_dir_ + ": publishing the checkpoint of step " + std::to_string(step) + " failed on rank 0");
   const double dt = seconds_since(t_save);
-  const std::string file = ckpt_dir_ + "/" + checkpoint_file_name(step);
   const int64_t bytes = rank0_ ? int64_t(std::filesystem::file_size(file)) : 0;
-  metrics_->write({{"event", "checkpoint_save"}, {"step", step}, {"bytes", bytes}, {"seconds", dt}});
+  metrics_->write({{"event", "checkpoint_save"}, {"step", step}, {"bytes", bytes}, {"seconds", dt}, {"blocking_s", dt}});
   log::info("checkpoint: step " + std::to_string(step) + (model_only ? " (model only)" : "") + " saved to " + file + " (" +
             human_bytes(double(bytes)) + " in " + fmt("%.2f s", dt) + ")");
   if (model_only && cfg_.checkpoint.last_save_in_hf) save_hf(step, file);
+}
+
+void Trainer::finish_async_save() {
+  if (!async_ckpt_) return;
+  if (const auto r = async_ckpt_->wait()) report_async_save(*r);
+  if (async_failure_.empty()) return;
+  const std::string error = async_failure_;
+  async_failure_.clear();
+  throw CheckpointError(error + " (an asynchronous save; `latest` still names the previous checkpoint)");
+}
+
+void Trainer::report_async_save(const AsyncSaveResult& r) {
+  nlohmann::json rec = {{"event", "checkpoint_write"}, {"step", r.step}, {"async", true}, {"ok", r.ok},
+                        {"seconds", r.write_s}, {"bytes", r.bytes}};
+  if (!r.ok) rec["error"] = r.error;
+  metrics_->write(rec);
+  if (r.ok) {
+    log::info("checkpoint: step " + std::to_string(r.step) + " written in the background to " + r.file + " (" +
+              human_bytes(double(r.bytes)) + " in " + fmt("%.2f s", r.write_s) + ") and published as latest");
+    return;
+  }
+  if (rank0_) log::error("checkpoint: the background write of step " + std::to_string(r.step) + " failed: " + r.error);
+  if (async_failure_.empty()) async_failure_ = r.error;
 }
 
 void Trainer::save_hf(int64_t step, const std::string& file) {
@@ -675,12 +747,15 @@ TrainSummary Trainer::train() {
     }
     const bool saved = cfg_.checkpoint.enable && (step % cfg_.checkpoint.interval == 0 || step == cfg_.training.steps);
     if (saved) save(step);
+    if (async_ckpt_)  // a background write that has finished is reported at once (rank-local)
+      if (const auto w = async_ckpt_->poll()) report_async_save(*w);
     if (const std::string trace_file = profiler_->end_step(step); !trace_file.empty() && rank0_)
       log::info("profiling: step " + std::to_string(step) + " trace written to " + trace_file + " (one file per rank)");
     // Preemption: any rank's signal (agreed with the non-finite check) stops every rank here, at
     // the same step boundary.
     if (r.preempt_signal > 0 && step < cfg_.training.steps) {
       if (cfg_.checkpoint.enable && !saved) save(step);
+      finish_async_save();  // the preemption save is complete and published before the exit
       throw PreemptedError("preempted by signal " + std::to_string(r.preempt_signal) + " after step " +
                            std::to_string(step) +
                            (cfg_.checkpoint.enable ? "; checkpoint saved in " + ckpt_dir_ + ", a rerun resumes from it"
@@ -692,6 +767,7 @@ TrainSummary Trainer::train() {
 
 TrainSummary Trainer::finalize() {
   Device& dev = *device_;
+  finish_async_save();  // the last save is published before the final model and the summary
   summary_.elapsed_s = seconds_since(t_start_);
   summary_.tokens_per_s = timed_s_ > 0 ? double(timed_tokens_) / timed_s_ : 0;
   note_peaks();

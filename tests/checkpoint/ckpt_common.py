@@ -27,3 +27,15 @@ def report(checks, context):
     if not all(ok for _, ok in checks):
         print(context)
         sys.exit(1)
+
+
+def parse_run_args(names=("meshtrain", "deck", "data", "out")):
+    """The usual --meshtrain/--deck/--data/--out arguments (all required); --out is emptied."""
+    import argparse
+    import shutil
+    ap = argparse.ArgumentParser()
+    for k in names:
+        ap.add_argument("--" + k, required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.out, ignore_errors=True)
+    return a

@@ -7,16 +7,18 @@ for the Hugging Face save without a model-only last save is refused with the key
 
 usage: last_save_in_hf.py --meshtrain BIN --deck DECK --data H5 --out DIR
 """
-import argparse
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
 
 import numpy as np
 import torch
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckpt_common import parse_run_args  # noqa: E402
 
 
 def read_safetensors(path):
@@ -30,11 +32,7 @@ def read_safetensors(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    for k in ("meshtrain", "deck", "data", "out"):
-        ap.add_argument("--" + k, required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.out, ignore_errors=True)
+    a = parse_run_args()
     run = os.path.join(a.out, "run")
     common = ["--deck", a.deck, f"--training.dataset={a.data}", "--training.steps=3", "--checkpoint.enable=true",
               "--checkpoint.interval=10", "--checkpoint.last_save_model_only=true", "--validation.enable=false"]

@@ -72,7 +72,7 @@ op='[activation_checkpoint] selective_ac_option: "op" (per-operator selective ch
 lays_out llama3_debug.toml 8
 refused llama3_debug.toml 8 "llama3_debug.toml:$(line_of llama3_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
 resolves llama3_debug.toml 8 9 $store
-resolves llama3_debug_all_sections.toml 8 32 $store
+resolves llama3_debug_all_sections.toml 8 31 $store
 # llama3 8B (64 A100): the dataset, then per-operator checkpointing.
 lays_out llama3_8b.toml 64
 refused llama3_8b.toml 64 "llama3_8b.toml:$(line_of llama3_8b.toml '^dataset =' ): [training] dataset: \"c4\" $c4"

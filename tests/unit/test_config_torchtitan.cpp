@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
       {"[optimizer]\nname = \"Adam\"", "[optimizer] name: Adam (weight decay added to the gradient) is not implemented yet"},
       {"[optimizer]\nearly_step_in_backward = true", "not implemented yet"},
       {"[activation_checkpoint]\nmode = \"memory_budget\"", "[activation_checkpoint] mode: \"memory_budget\""},
-      {"[checkpoint]\ninitial_load_path = \"step-10\"", "[checkpoint] initial_load_path: loading an initial checkpoint"},
+      {"[checkpoint]\ninitial_load_in_hf_quantized = true", "[checkpoint] initial_load_in_hf_quantized: loading quantized"},
       {"[checkpoint]\nexclude_from_loading = [\"optimizer\"]", "loading part of a checkpoint is not implemented yet"},
       {"[parallelism]\nexpert_parallel_comm_backend = \"deepep\"", "DeepEP dispatch is not implemented yet"},
       {"[validation]\ndataset_path = \"val.h5\"", "a separate validation token store is not implemented yet"},

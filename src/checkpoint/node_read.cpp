@@ -1,0 +1,319 @@
+#include "checkpoint/node_read.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "util/errors.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+constexpr uint64_t kWindow = uint64_t(256) << 20;  // file bytes per round: bounds the reader's bookkeeping
+constexpr uint64_t kRequest = uint64_t(8) << 20;   // one pread at most
+constexpr uint64_t kGap = uint64_t(1) << 20;       // read across a hole this small rather than seek
+constexpr int kTag = 0x4d54;
+constexpr size_t kDepth = 4;                       // requests read ahead of the one being sent
+
+struct Op {
+  uint64_t begin, end;
+};
+
+// Reads `ops` in order into a ring of kDepth buffers on a thread of its own, so the disk works on
+// the next requests while the caller sends the current one. A failed read zero-fills its buffer
+// and records the first error (the caller reports it after the collective protocol completes).
+class RingReader {
+ public:
+  /// `direct[k]`, when not null, is where request k's bytes go instead of a ring slot (a request
+  /// that only the reading rank wants, inside one of its extents: no copy afterwards).
+  RingReader(int fd, const std::vector<Op>& ops, const std::vector<char*>& direct, const std::string& path)
+      : fd_(fd), ops_(ops), direct_(direct), path_(path), slots_(std::min(kDepth, std::max<size_t>(ops.size(), 1))) {
+    for (auto& s : slots_) s.resize(kRequest);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~RingReader() {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  RingReader(const RingReader&) = delete;
+  RingReader& operator=(const RingReader&) = delete;
+
+  /// Waits until request k is in memory; its bytes stay valid until release(k).
+  const char* wait(size_t k) {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return done_ > k; });
+    return direct_[k] ? direct_[k] : slots_[k % slots_.size()].data();
+  }
+  void release(size_t k) {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      released_ = k + 1;
+    }
+    cv_.notify_all();
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  void run() {
+    for (size_t k = 0; k < ops_.size(); ++k) {
+      {
+        std::unique_lock<std::mutex> l(m_);
+        cv_.wait(l, [&] { return stop_ || k < released_ + slots_.size(); });
+        if (stop_) return;
+      }
+      // The next requests are announced to the kernel so its readahead runs in large batches
+      // while this one is copied (what a long sequential dd gets from readahead alone).
+      if (fd_ >= 0 && k + 1 < ops_.size()) {
+        const size_t last = std::min(ops_.size(), k + 1 + slots_.size()) - 1;
+        ::posix_fadvise(fd_, off_t(ops_[k + 1].begin), off_t(ops_[last].end - ops_[k + 1].begin), POSIX_FADV_WILLNEED);
+      }
+      char* p = direct_[k] ? direct_[k] : slots_[k % slots_.size()].data();
+      uint64_t off = ops_[k].begin, n = ops_[k].end - ops_[k].begin;
+      if (fd_ < 0) std::memset(p, 0, n);  // the open failed (reported): keep the protocol going
+      while (n > 0 && fd_ >= 0) {
+        const ssize_t r = ::pread(fd_, p, n, off_t(off));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          if (error_.empty())
+            error_ = path_ + ": " + (r == 0 ? std::string("unexpected end of file (truncated?)") : std::strerror(errno));
+          std::memset(p, 0, n);
+          break;
+        }
+        p += r, off += uint64_t(r), n -= uint64_t(r);
+      }
+      {
+        std::lock_guard<std::mutex> g(m_);
+        done_ = k + 1;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  int fd_;
+  const std::vector<Op>& ops_;
+  const std::vector<char*>& direct_;
+  std::string path_, error_;
+  std::vector<std::vector<char>> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  size_t done_ = 0, released_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The requests covering the union of `wanted` [begin, end) ranges: merged across holes smaller
+// than kGap, cut into pieces of at most kRequest bytes.
+std::vector<Op> plan_requests(std::vector<Op> wanted) {
+  std::sort(wanted.begin(), wanted.end(), [](const Op& a, const Op& b) { return a.begin < b.begin; });
+  std::vector<Op> merged;
+  for (const Op& w : wanted) {
+    if (!merged.empty() && w.begin <= merged.back().end + kGap) merged.back().end = std::max(merged.back().end, w.end);
+    else merged.push_back(w);
+  }
+  std::vector<Op> ops;
+  for (const Op& m : merged)
+    for (uint64_t b = m.begin; b < m.end; b += kRequest) ops.push_back({b, std::min(m.end, b + kRequest)});
+  return ops;
+}
+
+// Walks one rank's sorted extents alongside the requests: `emit(extent, file_from, n)` for each
+// overlap of the extents with [begin, end), in order.
+struct ExtentCursor {
+  const std::vector<FileExtent>* list = nullptr;
+  size_t i = 0;
+  template <class Emit>
+  void take(uint64_t begin, uint64_t end, Emit emit) {
+    while (i < list->size()) {
+      const FileExtent& e = (*list)[i];
+      if (e.offset >= end) return;
+      const uint64_t s = std::max(e.offset, begin), t = std::min(e.offset + e.bytes, end);
+      if (t > s) emit(e, s, t - s);
+      if (e.offset + e.bytes > end) return;
+      ++i;
+    }
+  }
+};
+
+// A run of bytes in memory.
+struct Block {
+  char* addr;
+  uint64_t bytes;
+};
+
+// An MPI datatype (absolute addresses: use with MPI_BOTTOM) covering `blocks` in order.
+MPI_Datatype blocks_type(const std::vector<Block>& blocks) {
+  std::vector<int> lens;
+  std::vector<MPI_Aint> addrs;
+  for (const Block& b : blocks) {
+    MPI_Aint a;
+    MPI_Get_address(b.addr, &a);
+    lens.push_back(int(b.bytes));  // at most one request (kRequest) per block
+    addrs.push_back(a);
+  }
+  MPI_Datatype t;
+  MPI_Type_create_hindexed(int(blocks.size()), lens.data(), addrs.data(), MPI_BYTE, &t);
+  MPI_Type_commit(&t);
+  return t;
+}
+
+// Waits for `req` testing every 50 µs rather than spinning in MPI_Wait: a receiving rank has
+// nothing else to do, and on a node with more ranks than cores (or a reader thread beside them)
+// a spinning receiver takes the core the reader needs. Messages are megabytes, so the delay is
+// negligible.
+void wait_politely(MPI_Request& req) {
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+NodeReader::NodeReader(MPI_Comm world) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_);
+  MPI_Comm_rank(node_, &node_rank_);
+  MPI_Comm_size(node_, &node_size_);
+}
+
+NodeReader::~NodeReader() {
+  if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+}
+
+uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vector<FileExtent> mine,
+                          const ChunkObserver& observe) {
+  std::erase_if(mine, [](const FileExtent& e) { return e.bytes == 0; });
+  std::sort(mine.begin(), mine.end(), [](const FileExtent& a, const FileExtent& b) { return a.offset < b.offset; });
+  int fd = -1;
+  std::string error;
+  if (reader()) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) error = path + ": cannot open: " + std::strerror(errno);
+    else ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  }
+  uint64_t disk_bytes = 0;
+  size_t next = 0;  // first extent of `mine` not wholly before the window
+  for (uint64_t lo = 0; lo < file_size; lo += kWindow) {
+    const uint64_t hi = std::min(file_size, lo + kWindow);
+    // This rank's extents clipped to the window, in offset order.
+    std::vector<FileExtent> clip;
+    while (next < mine.size() && mine[next].offset + mine[next].bytes <= lo) ++next;
+    for (size_t i = next; i < mine.size() && mine[i].offset < hi; ++i) {
+      const FileExtent& e = mine[i];
+      const uint64_t s = std::max(e.offset, lo), t = std::min(e.offset + e.bytes, hi);
+      clip.push_back({s, t - s, e.dst + (s - e.offset)});
+    }
+    std::vector<uint64_t> pairs;
+    for (const FileExtent& e : clip) pairs.push_back(e.offset), pairs.push_back(e.bytes);
+    int count = int(pairs.size());
+    const size_t nodes = static_cast<size_t>(node_size_);
+    std::vector<int> counts(nodes), displs(nodes);
+    MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, node_);
+    std::vector<uint64_t> all;
+    if (reader()) {
+      for (int r = 0, d = 0; r < node_size_; ++r) displs[size_t(r)] = d, d += counts[size_t(r)];
+      all.resize(size_t(displs.back() + counts.back()));
+    }
+    MPI_Gatherv(pairs.data(), count, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, 0, node_);
+    // The reading rank plans the requests over the union of the node's extents and tells the
+    // node, so that every rank knows which of its bytes each request's message carries and can
+    // receive them straight into place (a derived datatype over its destinations: no staging).
+    std::vector<Op> ops;
+    std::vector<std::vector<FileExtent>> lists(nodes);
+    if (reader()) {
+      std::vector<Op> wanted;
+      for (size_t r = 0; r < nodes; ++r)
+        for (int j = displs[r]; j < displs[r] + counts[r]; j += 2) {
+          const uint64_t off = all[size_t(j)], n = all[size_t(j) + 1];
+          lists[r].push_back({off, n, r == 0 ? clip[lists[0].size()].dst : nullptr});
+          wanted.push_back({off, off + n});
+        }
+      ops = plan_requests(std::move(wanted));
+    }
+    uint64_t n_ops = ops.size();
+    MPI_Bcast(&n_ops, 1, MPI_UINT64_T, 0, node_);
+    ops.resize(size_t(n_ops));
+    static_assert(sizeof(Op) == 2 * sizeof(uint64_t));
+    MPI_Bcast(ops.data(), int(2 * n_ops), MPI_UINT64_T, 0, node_);
+    if (!reader()) {
+      ExtentCursor cur{&clip};
+      for (const Op& op : ops) {
+        std::vector<Block> blocks;
+        cur.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+          blocks.push_back({e.dst + (from - e.offset), n});
+        });
+        if (blocks.empty()) continue;
+        MPI_Datatype t = blocks_type(blocks);
+        MPI_Request req;
+        MPI_Irecv(MPI_BOTTOM, 1, t, 0, kTag, node_, &req);
+        MPI_Type_free(&t);
+        wait_politely(req);
+      }
+      continue;
+    }
+    std::vector<ExtentCursor> cursors(nodes);
+    for (size_t r = 0; r < nodes; ++r) cursors[r].list = &lists[r];
+    // Request k's messages are sent from its ring slot; the slot is released once they complete,
+    // one request later, so sending overlaps the next request's packing and the disk's reads.
+    // Requests that only this rank wants, inside one of its own extents, are read in place.
+    std::vector<char*> direct(ops.size(), nullptr);
+    {
+      std::vector<ExtentCursor> probe = cursors;
+      for (size_t k = 0; k < ops.size(); ++k) {
+        size_t pieces = 0;
+        char* at = nullptr;
+        for (size_t r = 0; r < nodes; ++r)
+          probe[r].take(ops[k].begin, ops[k].end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+            ++pieces;
+            if (r == 0 && from == ops[k].begin && n == ops[k].end - ops[k].begin) at = e.dst + (from - e.offset);
+          });
+        if (pieces == 1 && at) direct[k] = at;
+      }
+    }
+    std::vector<MPI_Request> pending, sending;
+    RingReader ring(fd, ops, direct, path);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const char* buf = ring.wait(k);
+      const Op& op = ops[k];
+      disk_bytes += op.end - op.begin;
+      if (observe) observe(op.begin, buf, op.end - op.begin);
+      for (size_t r = 0; r < nodes; ++r) {
+        std::vector<Block> blocks;
+        cursors[r].take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+          if (r != 0) blocks.push_back({const_cast<char*>(buf) + (from - op.begin), n});
+          else if (!direct[k]) std::memcpy(e.dst + (from - e.offset), buf + (from - op.begin), n);
+        });
+        if (blocks.empty()) continue;
+        MPI_Datatype t = blocks_type(blocks);
+        sending.emplace_back();
+        MPI_Isend(MPI_BOTTOM, 1, t, int(r), kTag, node_, &sending.back());
+        MPI_Type_free(&t);  // freed once the send completes
+      }
+      MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
+      if (k > 0) ring.release(k - 1);
+      pending.swap(sending);
+      sending.clear();
+    }
+    MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
+    if (error.empty()) error = ring.error();
+  }
+  if (fd >= 0) ::close(fd);
+  if (!error.empty()) throw CheckpointError(error);
+  return disk_bytes;
+}
+
+}  // namespace meshtrain

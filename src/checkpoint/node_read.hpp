@@ -1,0 +1,60 @@
+#pragma once
+/// @file Reading scattered byte ranges of one file on many ranks with one sequential stream per
+/// node — the two-phase idea of collective MPI-IO (ROMIO's aggregators), with the node's first
+/// rank as the aggregator. Every rank lists the byte ranges it wants; the node's first rank
+/// gathers the node's lists, reads their union front to back in requests of up to 8 MiB
+/// (ranges less than 1 MiB apart are read as one, a second thread keeps the next requests in
+/// flight), and sends each rank its bytes, in offset order. The disk then sees one large
+/// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
+/// of row-sized requests per rank; ranks that want the same bytes (DDP, ZeRO-1/2) share one read.
+/// The work goes in windows of the file (256 MiB), so the memory it needs is bounded by the
+/// window, not by the rank's share.
+#include <mpi.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace meshtrain {
+
+/// `bytes` bytes of the file at `offset`, to be copied to `dst`.
+struct FileExtent {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  char* dst = nullptr;
+};
+
+/// Called on a node's reading rank with each request's bytes, in increasing file order, every
+/// file byte at most once (`offset` is where `data` starts in the file; `n` bytes).
+using ChunkObserver = std::function<void(uint64_t offset, const char* data, uint64_t n)>;
+
+/// The node-aggregated reader over `world`.
+class NodeReader {
+ public:
+  /// Splits `world` by shared-memory node (MPI_COMM_TYPE_SHARED). Collective over `world`.
+  explicit NodeReader(MPI_Comm world);
+  ~NodeReader();
+  NodeReader(const NodeReader&) = delete;
+  NodeReader& operator=(const NodeReader&) = delete;
+
+  /// Whether this rank reads the file for its node (the node's first rank).
+  bool reader() const { return node_rank_ == 0; }
+
+  /// Copies every extent of `mine` (any order; extents of one rank must not overlap) from `path`
+  /// (`file_size` bytes, the same on every rank). Collective over `world`: every rank calls it,
+  /// with its own extents (possibly none). On the reading rank `observe`, when set, sees every
+  /// byte read. Returns the bytes this rank read from disk (0 on the others).
+  /// @throws CheckpointError naming `path` on the reading rank (cannot open, short read); the
+  /// other ranks of its node then receive nothing and must learn of it by the caller's agreement —
+  /// so a failure is turned into an error string here, and the read goes on collectively with
+  /// zero-filled bytes until the end, when the first error is thrown on the reading rank.
+  uint64_t read(const std::string& path, uint64_t file_size, std::vector<FileExtent> mine,
+                const ChunkObserver& observe = nullptr);
+
+ private:
+  MPI_Comm node_ = MPI_COMM_NULL;
+  int node_rank_ = 0, node_size_ = 1;
+};
+
+}  // namespace meshtrain
