@@ -265,7 +265,58 @@ void block_backward(Live& m, const Sizes& s, bool moe, const BlockSaved& b) {
 
 namespace {
 ActivationPrediction replay_all(const ActivationShape& a);
+
+// FNV-1a over a memo key's integers.
+struct IntsHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
+    return size_t(h);
+  }
+};
+
+// One micro-batch through one stage (replay_all): the high-water mark, what its forward keeps,
+// the bytes alive at the end, and the highest bytes alive during each unit's phases.
+struct Replay {
+  int64_t peak = 0, kept = 0, end = 0;  // end: bytes alive when the backward has returned
+  std::vector<int64_t> fwd, bwd, after;  // per unit, forward order
+};
+
+// A rank's in-flight states grouped by (running stage, stages that have run a backward), the
+// groups in that key's order: what replay_all merges per group. Cached per states_id (ids name
+// contents and are never reused): every replay of the rank's shapes groups the same list, and a
+// map keyed by a vector per state cost more than the merge itself.
+struct StateGroups {
+  std::vector<size_t> group_of;                            // per state
+  std::vector<std::pair<size_t, std::vector<char>>> keys;  // per group, ascending
+};
+
+std::shared_ptr<const StateGroups> group_states(const std::vector<SimulationResult::InFlightState>& states) {
+  std::map<std::pair<size_t, std::vector<char>>, size_t> index;
+  for (const SimulationResult::InFlightState& st : states) index.try_emplace({size_t(st.running), st.backed}, 0);
+  auto g = std::make_shared<StateGroups>();
+  for (auto& [key, i] : index) {
+    i = g->keys.size();
+    g->keys.push_back(key);
+  }
+  for (const SimulationResult::InFlightState& st : states) g->group_of.push_back(index.at({size_t(st.running), st.backed}));
+  return g;
 }
+
+std::shared_ptr<const StateGroups> cached_groups(const ActivationShape& a) {
+  if (a.states_id <= 0) return group_states(*a.states);
+  static std::mutex mu;
+  static std::unordered_map<int64_t, std::shared_ptr<const StateGroups>> memo;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = memo.find(a.states_id);
+    if (it != memo.end()) return it->second;
+  }
+  std::shared_ptr<const StateGroups> g = group_states(*a.states);
+  std::lock_guard<std::mutex> lock(mu);
+  return memo.emplace(a.states_id, std::move(g)).first->second;
+}
+}  // namespace
 
 // Memoized per shape: the planner predicts the same micro-batch under many other knobs.
 std::shared_ptr<const ActivationPrediction> predict_activations(const ActivationShape& a) {
@@ -290,15 +341,10 @@ std::shared_ptr<const ActivationPrediction> predict_activations(const Activation
     key.push_back(st.blocks.empty() ? -1 : st.blocks.front());
     key.push_back(int64_t(st.blocks.size()));
   }
-  struct Hash {
-    size_t operator()(const std::vector<int64_t>& v) const {
-      uint64_t h = 1469598103934665603ull;  // FNV-1a over the values
-      for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
-      return size_t(h);
-    }
-  };
   static std::mutex mu;
-  static std::unordered_map<std::vector<int64_t>, std::shared_ptr<const ActivationPrediction>, Hash> memo;
+  // Never destroyed: a large search leaves tens of thousands of predictions here, and freeing
+  // them one by one at exit cost more than a small plan's whole search.
+  static auto& memo = *new std::unordered_map<std::vector<int64_t>, std::shared_ptr<const ActivationPrediction>, IntsHash>;
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto it = memo.find(key);
@@ -354,11 +400,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   // One micro-batch through stage `st`, forward then backward, with `held` bytes of other
   // micro-batches alive (`split`: the backward is the I of a split one, Sizes::split); returns
   // the high-water mark and sets `kept` to what its forward keeps.
-  struct Replay {
-    int64_t peak = 0, kept = 0, end = 0;  // end: bytes alive when the backward has returned
-    std::vector<int64_t> fwd, bwd, after;  // per unit, forward order
-  };
-  auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
+  auto replay_raw = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
     Sizes sz = s;
     sz.split = split;
     Replay r;
@@ -441,6 +483,26 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     r.end = m.now;
     return r;
   };
+  // A stage's replay with nothing else held depends on the sizes and on which of its blocks are
+  // recomputed or MoE, not on the rank's in-flight states: the pipeline ranks of every schedule
+  // and micro-batch count over one split repeat a few stage shapes, so those replays are kept
+  // (per thread, bounded) and only the merges below run per rank.
+  thread_local std::unordered_map<std::vector<int64_t>, Replay, IntsHash> stage_memo;
+  const std::vector<int64_t> shape_key = {g.dim, g.n_heads, g.n_kv_heads, g.head_dim, g.vocab_size, g.ffn_dim(),
+                                          g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts,
+                                          int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch, a.seq_len,
+                                          a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes};
+  auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
+    if (held != 0) return replay_raw(st, held, split);
+    std::vector<int64_t> key = shape_key;
+    key.reserve(key.size() + 4 + st.blocks.size());
+    key.insert(key.end(), {int64_t(st.embedding), int64_t(st.head), int64_t(split), int64_t(st.blocks.size())});
+    for (int64_t b : st.blocks) key.push_back(int64_t(recomputed(b)) + 2 * int64_t(g.is_moe_layer(b)));
+    const auto it = stage_memo.find(key);
+    if (it != stage_memo.end()) return it->second;
+    if (stage_memo.size() > 16384) stage_memo.clear();
+    return stage_memo.emplace(std::move(key), replay_raw(st, held, split)).first->second;
+  };
 
   const std::vector<ActivationShape::Stage>& stages = *a.stages;
   // Earlier micro-batches of a pipeline schedule hold their forwards' bytes (those of the
@@ -487,14 +549,17 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   // over the states of that kind: a forward state's forward phases, a backward state's backward
   // phases, and for a W every phase at what is held (it allocates nothing of its own).
   using Phase = SimulationResult::InFlightState::Phase;
-  std::map<std::pair<size_t, std::vector<char>>, Replay> merged;
+  const std::shared_ptr<const StateGroups> groups = cached_groups(a);
+  std::vector<Replay> merged(groups->keys.size());
+  std::vector<char> fresh(merged.size(), 1);
   auto raise = [](std::vector<int64_t>& into, const std::vector<int64_t>& from, int64_t add) {
     for (size_t u = 0; u < into.size() && u < from.size(); ++u) into[u] = std::max(into[u], from[u] + add);
   };
   auto raise_to = [](std::vector<int64_t>& into, int64_t level) {
     for (int64_t& x : into) x = std::max(x, level);
   };
-  for (const SimulationResult::InFlightState& st : *a.states) {
+  for (size_t k = 0; k < a.states->size(); ++k) {
+    const SimulationResult::InFlightState& st = (*a.states)[k];
     if (st.running < 0 || size_t(st.running) >= stages.size() || st.held.size() != stages.size() ||
         st.pending.size() != stages.size())
       throw std::invalid_argument("predict_activations: an in-flight state does not match the rank's stages");
@@ -506,10 +571,14 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     held += contexts(flight);
     const size_t i = size_t(st.running);
     const Replay& r = base[i];
-    auto [it, fresh] = merged.try_emplace({i, st.backed}, r);
-    Replay& m = it->second;
-    if (fresh)
-      for (std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after}) std::fill(v->begin(), v->end(), 0);
+    const size_t gi = groups->group_of[k];
+    Replay& m = merged[gi];
+    if (fresh[gi]) {  // the group's phase arrays, shaped like its stage's replay, from zero
+      m.fwd.assign(r.fwd.size(), 0);
+      m.bwd.assign(r.bwd.size(), 0);
+      m.after.assign(r.after.size(), 0);
+      fresh[gi] = 0;
+    }
     if (st.phase == Phase::kForward) {
       raise(m.fwd, r.fwd, held);
     } else if (st.phase == Phase::kBackward) {
@@ -519,7 +588,9 @@ ActivationPrediction replay_all(const ActivationShape& a) {
       for (std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after}) raise_to(*v, out.persistent + held);
     }
   }
-  for (auto& [key, m] : merged) {
+  for (size_t gi = 0; gi < merged.size(); ++gi) {
+    Replay& m = merged[gi];
+    const auto& key = groups->keys[gi];
     m.peak = 0;
     for (const std::vector<int64_t>* v : {&m.fwd, &m.bwd, &m.after})
       for (int64_t x : *v) m.peak = std::max(m.peak, x);

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <initializer_list>
 #include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -45,7 +47,8 @@ std::string model_key(const ModelArgs& a) {
 
 // FNV-1a over a memo key's integers.
 struct IntsHash {
-  size_t operator()(const std::vector<int64_t>& v) const {
+  template <class Ints>
+  size_t operator()(const Ints& v) const {
     uint64_t h = 1469598103934665603ull;
     for (int64_t x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
     return size_t(h);
@@ -163,7 +166,7 @@ struct Flight {
 };
 const Flight& in_flight(const PipelinePlan& plan) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const Flight>> cache;
+  static auto& cache = *new std::map<std::string, std::shared_ptr<const Flight>>;  // never destroyed (exit)
   const PipelineSchedule& s = plan.schedule;
   const std::string key = key_of(s.name, {s.pp, s.stages_per_rank, plan.microbatches});
   {
@@ -178,10 +181,26 @@ const Flight& in_flight(const PipelinePlan& plan) {
   // Ids name contents: ranks with equal lists share one (so they share predictions), and the
   // cache never erases, so an id never names two contents.
   static int64_t next_id = 0;
+  // Lists are compared only when their hashes agree: a pp 64 schedule's ranks hold lists of
+  // hundreds of states, and comparing each with every earlier one cost more than simulating.
+  auto hash_of = [](const std::vector<SimulationResult::InFlightState>& list) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](int64_t x) { h = (h ^ uint64_t(x)) * 1099511628211ull; };
+    for (const SimulationResult::InFlightState& st : list) {
+      mix(st.running);
+      mix(int64_t(st.phase));
+      for (int x : st.held) mix(x);
+      for (int x : st.pending) mix(x);
+      for (char x : st.backed) mix(x);
+    }
+    return h;
+  };
+  std::vector<uint64_t> hashes;
   auto add = [&](const std::vector<std::vector<SimulationResult::InFlightState>>& lists, size_t r,
                  std::vector<Flight::States>& states, std::vector<int64_t>& ids) {
+    hashes.push_back(hash_of(lists[r]));
     for (size_t q = 0; q < r; ++q)
-      if (*states[q] == lists[r]) {
+      if (hashes[q] == hashes[r] && *states[q] == lists[r]) {
         states.push_back(states[q]);
         ids.push_back(ids[q]);
         return;
@@ -193,13 +212,34 @@ const Flight& in_flight(const PipelinePlan& plan) {
   return *cache.emplace(key, std::move(f)).first->second;  // entries are never erased: references stay valid
 }
 
-// Whether `part` holds `h`; `mine` flags the part's block indices (a table, not a search per
-// parameter: a pp 64 split asks for every parameter on every rank).
-bool holds(const Part& part, const std::vector<char>& mine, const Held& h) {
-  if (h.block >= 0) return h.block < int64_t(mine.size()) && mine[size_t(h.block)];
-  if (h.embedding) return part.embedding;
-  return part.head;
-}
+// The catalog indices of the parameters each part of the model holds: a pp 64 split places a
+// 405B model's thousand parameters on 64 ranks, and a scan of the whole catalog per rank cost
+// more than the rest of the split.
+struct HeldIndex {
+  std::vector<std::vector<size_t>> by_block;  // [block]
+  std::vector<size_t> embedding, head;
+  HeldIndex(const std::vector<Held>& params, int64_t n_layers) : by_block(size_t(std::max<int64_t>(n_layers, 0))) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      const Held& h = params[k];
+      if (h.block >= 0) {
+        if (h.block < n_layers) by_block[size_t(h.block)].push_back(k);
+      } else {
+        (h.embedding ? embedding : head).push_back(k);
+      }
+    }
+  }
+  // What `part` holds, in catalog order (tp_grads packs gradients in that order).
+  std::vector<size_t> of(const Part& part) const {
+    std::vector<size_t> out;
+    if (part.embedding) out.insert(out.end(), embedding.begin(), embedding.end());
+    for (int64_t b : part.blocks)
+      if (b >= 0 && b < int64_t(by_block.size())) out.insert(out.end(), by_block[size_t(b)].begin(), by_block[size_t(b)].end());
+    if (part.head) out.insert(out.end(), head.begin(), head.end());
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+};
 
 // ZeRO-3's per-unit buffers (parallel/fsdp/sharded_data_parallel.cpp), bytes. pb: bytes of a
 // gathered parameter (bf16 gathers under mixed precision), rb: of a reduced gradient; `kept`:
@@ -208,13 +248,16 @@ bool holds(const Part& part, const std::vector<char>& mine, const Held& h) {
 struct Zero3Bytes {
   int64_t pb = 4, rb = 4, kept = 0;
   bool keep = false;
-  Zero3Bytes(const RankState& st, const JobConfig& cfg, int64_t beta) {
+  // `policy`: pb, rb and keep of the configuration (the same for all its ranks), kept for `st`.
+  Zero3Bytes(const Zero3Bytes& policy, const RankState& st) : Zero3Bytes(policy) {
+    kept = keep ? pb * (st.unit_grads_all / 4) : 0;  // every unit's parameters, gathered
+  }
+  // pb, rb and keep for `cfg` (kept left 0).
+  Zero3Bytes(const JobConfig& cfg, int64_t beta) {
     pb = beta == 2 ? 2 : 4;
     rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
     const std::string& raf = cfg.parallelism.fsdp_reshard_after_forward;
     keep = raf == "never" || (raf == "default" && cfg.parallelism.pipeline_parallel_degree > 1);
-    if (keep)
-      for (const RankState::Unit& u : st.units) kept += pb * u.full;
   }
   // While unit u's backward computes: its gathered parameters, `grads` bytes of unsharded
   // gradients (GradBytes), the previous unit's prefetched all-gather (`prev`) and the next
@@ -232,14 +275,14 @@ struct Zero3Bytes {
 
 // The FSDP / ZeRO buffers in the communication category at their peak, bytes (G·S: a unit's
 // all-gather output and reduce-scatter input).
-int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_t beta, bool cpu) {
+// `z`: the rank's ZeRO-3 buffer sizes (used when zero is 3), `rb`: bytes of a reduced gradient.
+int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, const Zero3Bytes& z, int64_t rb, bool cpu) {
   if (zero == 0 || st.units.empty()) return 0;
   // Pipelined ZeRO-2/3 hold every unit's unsharded gradients between the step's backwards.
   const bool once = cfg.parallelism.pipeline_parallel_degree > 1 && zero >= 2;
-  const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
-  int64_t all_in = 0;  // every unit's reduce-scatter input at once
-  for (const RankState::Unit& u : st.units) all_in += u.gather;
   if (zero < 3) {
+    int64_t all_in = 0;  // every unit's reduce-scatter input at once
+    for (const RankState::Unit& u : st.units) all_in += u.gather;
     // Each unit's reduce-scatter input is issued as its backward ends. Over MPI on the cpu
     // backend they progress only inside other MPI calls, so at the end of backward ZeRO-2 holds
     // them all and ZeRO-1 all but the first issued (measured); NCCL retires them as they go
@@ -252,7 +295,6 @@ int64_t fsdp_buffers(const RankState& st, int zero, const JobConfig& cfg, int64_
     return once ? std::max(at_end, st.unit_grads_all) : at_end;
   }
   // ZeRO-3: the largest unit's buffers at the end of its backward, over all the rank's units.
-  const Zero3Bytes z(st, cfg, beta);
   int64_t peak = 0;
   const size_t n = st.units.size();
   for (size_t i = 0; i < n; ++i)
@@ -299,17 +341,21 @@ struct GradBytes {
   std::vector<int64_t> backward;  // per unit of the stage
   int64_t forward = 0;
   // Reducing every micro-batch: a unit's own during its backward.
-  GradBytes(const RankState& st, size_t stage) {
+  void set(const RankState& st, size_t stage) {
+    forward = 0;
+    backward.clear();
     for (size_t u : st.stage_units.at(stage)) backward.push_back(4 * st.units[u].full);
   }
-  // Reducing once per step, with `backed` the rank's stages that have run a backward.
-  GradBytes(const RankState& st, size_t stage, const std::vector<char>& backed) {
+  // Reducing once per step, with `backed` the rank's stages that have run a backward (every
+  // stage when `all`). Refilled in place: the planner asks for every state group of every rank.
+  void set(const RankState& st, size_t stage, const std::vector<char>& backed, bool all) {
+    forward = 0;
     for (size_t k = 0; k < backed.size() && k < st.stage_units.size(); ++k)
-      if (backed[k])
+      if (all || backed[k])
         for (size_t u : st.stage_units[k]) forward += 4 * st.units[u].full;
     const std::vector<size_t>& idx = st.stage_units.at(stage);
     backward.assign(idx.size(), forward);
-    if (stage < backed.size() && backed[stage]) return;
+    if (stage < backed.size() && (all || backed[stage])) return;
     int64_t after = 0;  // the stage's units after i, whose backward ran first
     for (size_t i = idx.size(); i-- > 0;) {
       after += 4 * st.units[idx[i]].full;
@@ -337,9 +383,7 @@ Phases phases_of(const ActivationPrediction::Group& g) {
 // forward (its parameters and the next unit's prefetch) or backward (Zero3Bytes::backward, while
 // it computes and once it has returned). `once`: reducing once per step, reduce-scatters run only
 // in the last micro-batch, each input replacing gradients of its unit already counted.
-int64_t phase_total(const RankState& st, const Phases& act, const GradBytes& grads, bool once, const JobConfig& cfg,
-                    int64_t beta) {
-  const Zero3Bytes z(st, cfg, beta);
+int64_t phase_total(const RankState& st, const Phases& act, const GradBytes& grads, bool once, const Zero3Bytes& z) {
   const std::vector<size_t>& idx = st.stage_units.at(act.stage);
   auto unit = [&](size_t i) -> const RankState::Unit* { return i < idx.size() ? &st.units[idx[i]] : nullptr; };
   int64_t best = 0;
@@ -360,9 +404,8 @@ int64_t phase_total(const RankState& st, const Phases& act, const GradBytes& gra
 // ZeRO-1/2: max over the stage's units of activations + the reduce-scatter inputs issued so far
 // (every unit after it in forward order; on NCCL about two in flight) + ZeRO-2's unsharded
 // gradients (`grads`).
-int64_t phase_total_zero12(const RankState& st, const Phases& act, const GradBytes& grads, bool once,
-                           const JobConfig& cfg, int zero, bool cpu) {
-  const int64_t rb = cfg.training.mixed_precision_reduce == "bfloat16" ? 2 : 4;
+int64_t phase_total_zero12(const RankState& st, const Phases& act, const GradBytes& grads, bool once, int64_t rb,
+                           int zero, bool cpu) {
   const std::vector<size_t>& idx = st.stage_units.at(act.stage);
   auto unit = [&](size_t i) -> const RankState::Unit& { return st.units[idx[i]]; };
   int64_t best = 0, issued = 0;
@@ -410,7 +453,8 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args, const ParallelDims& d, const PipelinePlan* plan,
                                    bool sequence_parallel) {
   static std::mutex mu;
-  static std::unordered_map<std::vector<int64_t>, std::shared_ptr<const std::vector<RankState>>, IntsHash> memo;
+  // Never destroyed, like predict_activations' memo: freeing thousands of splits at exit is slow.
+  static auto& memo = *new std::unordered_map<std::vector<int64_t>, std::shared_ptr<const std::vector<RankState>>, IntsHash>;
   // Integers only (the model and schedule names as interned ids): the planner asks once per
   // candidate, and formatting a string key cost more than the prediction it saved.
   std::vector<int64_t> key = {model_id(args), d.tp, d.ep, d.dp_shard * d.cp, d.pp, int64_t(sequence_parallel)};
@@ -429,7 +473,23 @@ std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args,
     const auto it = memo.find(key);
     if (it != memo.end()) return it->second;
   }
-  auto made = std::make_shared<const std::vector<RankState>>(compute_rank_states(args, d, plan, sequence_parallel));
+  std::vector<RankState> ranks = compute_rank_states(args, d, plan, sequence_parallel);
+  static std::atomic<int64_t> next_split{0};
+  const int64_t split = ++next_split;
+  // The key without the FSDP group names what the activations depend on.
+  std::vector<int64_t> shape = key;
+  shape.erase(shape.begin() + 3);
+  static auto& shapes = *new std::unordered_map<std::vector<int64_t>, int64_t, IntsHash>;  // never destroyed (exit)
+  int64_t shape_id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    shape_id = shapes.try_emplace(std::move(shape), int64_t(shapes.size()) + 1).first->second;
+  }
+  for (RankState& st : ranks) {
+    st.split_id = split;
+    st.activation_split_id = shape_id;
+  }
+  auto made = std::make_shared<const std::vector<RankState>>(std::move(ranks));
   std::lock_guard<std::mutex> lock(mu);
   if (memo.size() > 4096) memo.clear();  // bounded: a plan visits a few hundred splits
   memo.emplace(key, made);
@@ -443,6 +503,7 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
   const std::vector<Held>& params = held_parameters(args, d.tp, d.ep, sequence_parallel);
   const std::vector<Part> parts = parts_of(args, d.pp > 1 ? plan : nullptr);
   const Flight* flight = d.pp > 1 && plan ? &in_flight(*plan) : nullptr;
+  const HeldIndex index(params, args.n_layers);
   std::vector<RankState> out;
   for (size_t r = 0; r < parts.size(); ++r) {
     const Part& part = parts[r];
@@ -483,11 +544,10 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
     };
     // The head joins the embedding's unit when it reads the tied weight (shard_plan.cpp).
     const int64_t head_key = args.tie_word_embeddings && part.embedding ? -2 : args.n_layers;
-    std::vector<char> mine(size_t(std::max<int64_t>(args.n_layers, 0)), 0);
-    for (int64_t b : part.blocks)
-      if (b >= 0 && b < args.n_layers) mine[size_t(b)] = 1;
-    for (const Held& h : params)
-      if (holds(part, mine, h)) add(h, h.block >= 0 ? h.block : (h.embedding ? -2 : head_key));
+    for (size_t k : index.of(part)) {
+      const Held& h = params[k];
+      add(h, h.block >= 0 ? h.block : (h.embedding ? -2 : head_key));
+    }
     // A tied output projection on a stage without the embedding holds its own copy.
     if (args.tie_word_embeddings && part.head && !part.embedding)
       for (const Held& h : params)
@@ -529,12 +589,103 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
 }
 }  // namespace
 
+namespace {
+
+// The activation replays of a configuration's distinct pipeline ranks, in rank order: the ranks
+// of the same shape (signature, and where selective recomputation falls in each stage) share
+// one, the first of them standing for the rest.
+using RankActivations = std::vector<std::pair<size_t, std::shared_ptr<const ActivationPrediction>>>;
+
+// The inputs of predict_activations besides the rank's stages and in-flight states (which the
+// rank states fix), as in its memo key: the model's sizes, then micro_batch, seq_len, cp, tp,
+// ep, sequence_parallel, act_bytes, recompute_every and pp_microbatches.
+using ActivationKey = std::array<int64_t, 24>;
+
+// rank_activations() for the last few (rank states, activation inputs) asked. The planner
+// predicts the same split and micro-batch under several ZeRO stages, reduce dtypes and cp
+// rotations in a row, and the replays' memo key (a vector per rank) cost more than the rest of
+// the memory model. The rank states are held, so their address names them while cached.
+struct ActivationsCache {
+  struct Entry {
+    std::shared_ptr<const std::vector<RankState>> states;
+    ActivationKey key{};
+    RankActivations ranks;
+  };
+  std::array<Entry, 16> entries;
+  size_t next = 0;
+};
+
+const RankActivations& rank_activations(const std::shared_ptr<const std::vector<RankState>>& states,
+                                        const ModelArgs& g, const ActivationKey& key) {
+  thread_local ActivationsCache cache;
+  thread_local std::unordered_map<std::array<int64_t, 26>, std::shared_ptr<const ActivationPrediction>, IntsHash> by_rank;
+  for (const ActivationsCache::Entry& e : cache.entries)
+    if (e.states == states && e.key == key) return e.ranks;
+  RankActivations made;
+  ActivationShape as;
+  as.args = g;
+  as.micro_batch = key[15];
+  as.seq_len = key[16];
+  as.cp = key[17];
+  as.tp = key[18];
+  as.ep = key[19];
+  as.sequence_parallel = key[20] != 0;
+  as.act_bytes = key[21];
+  as.recompute_every = key[22];
+  as.pp_microbatches = key[23];
+  const int64_t every = as.recompute_every;
+  // Pipeline ranks of the same shape give the same prediction: (signature, where selective
+  // recomputation falls in each stage) of the ranks predicted so far.
+  // (Signatures compared as their interned numbers: a pp 64 split compares 2,000 pairs.)
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> seen;
+  for (size_t r = 0; r < states->size(); ++r) {
+    const RankState& st = (*states)[r];
+    std::vector<int64_t> phase;
+    if (every > 1)
+      for (const ActivationShape::Stage& sg : *st.stages) phase.push_back(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
+    bool repeat = false;
+    for (const auto& [sig, ph] : seen) repeat |= sig == st.signature_id && ph == phase;
+    if (repeat) continue;
+    seen.emplace_back(st.signature_id, std::move(phase));
+    // The same rank of a split that differs only in the FSDP group has the same replay: asked
+    // by number before predict_activations' own memo (whose key lists the stages).
+    std::array<int64_t, 26> rank_key{};
+    std::copy(key.begin(), key.end(), rank_key.begin());
+    rank_key[24] = st.activation_split_id;
+    rank_key[25] = int64_t(r);
+    if (st.activation_split_id > 0) {
+      const auto it = by_rank.find(rank_key);
+      if (it != by_rank.end()) {
+        made.emplace_back(r, it->second);
+        continue;
+      }
+    }
+    as.stages = st.stages;
+    as.in_flight = st.in_flight;
+    as.states = st.in_flight_states;
+    as.states_id = st.states_id;
+    made.emplace_back(r, predict_activations(as));
+    if (st.activation_split_id > 0) {
+      if (by_rank.size() > 65536) by_rank.clear();
+      by_rank.emplace(rank_key, made.back().second);
+    }
+  }
+  ActivationsCache::Entry& e = cache.entries[cache.next];
+  cache.next = (cache.next + 1) % cache.entries.size();
+  e.states = states;
+  e.key = key;
+  e.ranks = std::move(made);
+  return e.ranks;
+}
+
+}  // namespace
+
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states_out,
                                 std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given,
                                 std::shared_ptr<const std::vector<RankState>> known) {
-  ModelArgs own;  // a reference to the caller's when given (the planner's many candidates share one)
-  const ModelArgs& args = given ? *given : (own = cfg.model_args());
+  std::optional<ModelArgs> own;  // the caller's when given (the planner's many candidates share one)
+  const ModelArgs& args = given ? *given : own.emplace(cfg.model_args());
   const int64_t fsdp = d.dp_shard * d.cp;
   const bool sharded = fsdp > 1;
   const int zero = sharded ? int(cfg.parallelism.zero_stage) : 0;
@@ -550,20 +701,19 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
   MemoryPrediction best;
   const std::shared_ptr<const std::vector<RankState>> states =
       known ? std::move(known) : rank_states(args, d, plan, cfg.parallelism.enable_sequence_parallel);
-  ActivationShape as;  // filled per rank below; the model arguments copied once
-  as.args = args;
-  // Pipeline ranks of the same shape give the same prediction: (signature, where selective
-  // recomputation falls in each stage) of the ranks predicted so far.
-  // (Signatures compared as their interned numbers: a pp 64 split compares 2,000 pairs.)
-  std::vector<std::pair<int64_t, std::vector<int64_t>>> seen;
-  for (const RankState& st : *states) {
-    std::vector<int64_t> phase;
-    if (every > 1)
-      for (const ActivationShape::Stage& sg : *st.stages) phase.push_back(sg.blocks.empty() ? 0 : sg.blocks.front() % every);
-    bool repeat = false;
-    for (const auto& [sig, ph] : seen) repeat |= sig == st.signature_id && ph == phase;
-    if (repeat) continue;
-    seen.emplace_back(st.signature_id, std::move(phase));
+  const int64_t micro_batch = d.pp > 1 && plan ? plan->microbatch_size : cfg.training.local_batch_size;
+  const ActivationKey act_key = {args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.head_dim,
+                                 args.vocab_size, args.ffn_dim(), args.num_experts, args.top_k, args.moe_inter_dim,
+                                 args.num_shared_experts, args.n_dense_layers, args.moe_layer_step,
+                                 int64_t(args.qk_norm), int64_t(args.aux_loss_coeff > 0), micro_batch,
+                                 cfg.training.seq_len, d.cp, d.tp, d.ep,
+                                 int64_t(cfg.parallelism.enable_sequence_parallel), beta, every,
+                                 d.pp > 1 && plan ? plan->microbatches : 0};
+  const Zero3Bytes zero3(cfg, beta);  // the ZeRO-3 policy; each rank's kept bytes below
+  const int64_t rb = zero3.rb;
+  GradBytes grads;  // refilled per rank and state group
+  for (const auto& [r, shared] : rank_activations(states, args, act_key)) {
+    const RankState& st = (*states)[r];
     MemoryPrediction m;
     const int64_t flat = st.flat, shard = st.shard;
     switch (zero) {
@@ -594,30 +744,17 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     }
     m.parameters += st.moe_layers * args.num_experts * 4;  // expert_bias on the device
 
-    as.seq_len = cfg.training.seq_len;
-    as.micro_batch = d.pp > 1 && plan ? plan->microbatch_size : cfg.training.local_batch_size;
-    as.cp = d.cp;
-    as.tp = d.tp;
-    as.ep = d.ep;
-    as.sequence_parallel = cfg.parallelism.enable_sequence_parallel;
-    as.act_bytes = beta;
-    as.recompute_every = every;
-    as.stages = st.stages;
-    as.in_flight = st.in_flight;
-    as.states = st.in_flight_states;
-    as.states_id = st.states_id;
-    as.pp_microbatches = d.pp > 1 && plan ? plan->microbatches : 0;
-    const std::shared_ptr<const ActivationPrediction> shared = predict_activations(as);
     const ActivationPrediction& act = *shared;
     m.activations = act.peak;
     if (act_out && act.peak >= best.activations) *act_out = shared;
 
     // Communication buffers at the step's high-water mark (parallel/fsdp/sharded_data_parallel.cpp).
-    m.communication = fsdp_buffers(st, zero, cfg, beta, cpu);
+    const Zero3Bytes z(zero3, st);
+    m.communication = fsdp_buffers(st, zero, cfg, z, rb, cpu);
     // tp_grads' packed all-reduce of the gradients partial over tp, after the step's backward.
     const int64_t partial = zero > 0 ? st.tp_partial_sharded : st.tp_partial;
     if (partial > 0) m.communication = std::max(m.communication, 4 * partial);
-    const int64_t tokens = as.micro_batch * (cfg.training.seq_len / d.cp);
+    const int64_t tokens = micro_batch * (cfg.training.seq_len / d.cp);
     if (d.cp > 1) {
       const int64_t kv = 2 * tokens * (args.n_kv_heads / d.tp) * args.head_dim;
       m.communication += cfg.parallelism.context_parallel_rotate_method == "allgather" ? d.cp * kv * beta
@@ -631,6 +768,17 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     // the cp and ep buffers (during them).
     const int64_t during_backward = zero > 0 ? 0 : m.communication - 4 * partial;
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
+    // The total (below) is at most the state plus the activations' and the communication
+    // buffers' peaks together: a rank whose bound does not exceed an earlier rank's total cannot
+    // raise the configuration's, and its phase-by-phase sum (the costly part) is skipped.
+    // Per category the largest rank (what the run's summary reports).
+    best.parameters = std::max(best.parameters, m.parameters);
+    best.gradients = std::max(best.gradients, m.gradients);
+    best.optimizer = std::max(best.optimizer, m.optimizer);
+    best.activations = std::max(best.activations, m.activations);
+    best.communication = std::max(best.communication, m.communication);
+    best.temporaries = std::max(best.temporaries, m.temporaries);
+    if (std::max(m.state() + act.peak + m.communication, m.temporaries) <= best.total) continue;
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
     // Pipelined ZeRO-2/3 (reduce_once_per_step): each group of in-flight states with the
@@ -643,26 +791,19 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
       const bool rounds = cfg.grad_accum_steps(d) > 1;
       coincident = 0;
       for (const ActivationPrediction::Group& g : act.groups) {
-        const GradBytes grads(st, g.stage, rounds ? std::vector<char>(g.backed.size(), 1) : g.backed);
-        coincident = std::max(coincident, zero == 3 ? phase_total(st, phases_of(g), grads, true, cfg, beta)
-                                                    : phase_total_zero12(st, phases_of(g), grads, true, cfg, zero, cpu));
+        grads.set(st, g.stage, g.backed, rounds);
+        coincident = std::max(coincident, zero == 3 ? phase_total(st, phases_of(g), grads, true, z)
+                                                    : phase_total_zero12(st, phases_of(g), grads, true, rb, zero, cpu));
       }
     } else if (zero > 0) {
-      const GradBytes grads(st, act.stage);
-      coincident = zero == 3 ? phase_total(st, phases_of(act), grads, false, cfg, beta)
-                             : phase_total_zero12(st, phases_of(act), grads, false, cfg, zero, cpu);
+      grads.set(st, act.stage);
+      coincident = zero == 3 ? phase_total(st, phases_of(act), grads, false, z)
+                             : phase_total_zero12(st, phases_of(act), grads, false, rb, zero, cpu);
     }
     // tp_grads' packed all-reduce runs once the step's backwards are done.
     if (partial > 0) coincident = std::max(coincident, act.after_step + 4 * partial);
     // The cpu backend's start-up rate measurement comes before the model exists.
     m.total = std::max(m.state() + std::min(coincident, act.peak + m.communication), m.temporaries);
-    // Per category the largest rank (what the run's summary reports), and the largest total.
-    best.parameters = std::max(best.parameters, m.parameters);
-    best.gradients = std::max(best.gradients, m.gradients);
-    best.optimizer = std::max(best.optimizer, m.optimizer);
-    best.activations = std::max(best.activations, m.activations);
-    best.communication = std::max(best.communication, m.communication);
-    best.temporaries = std::max(best.temporaries, m.temporaries);
     best.total = std::max(best.total, m.total);
   }
   if (states_out) *states_out = states;

@@ -88,6 +88,12 @@ struct RankState {
   std::string signature;
   /// A number per distinct signature in this process (equal numbers, equal signatures).
   int64_t signature_id = 0;
+  /// A number per rank_states() result in this process, the same on each of its ranks (never
+  /// reused, so it names the result's contents); 0 for states made otherwise.
+  int64_t split_id = 0;
+  /// The same for the ranks of rank_states() results that differ only in the FSDP group (equal
+  /// stages and in-flight states rank by rank, so equal activations); 0 for states made otherwise.
+  int64_t activation_split_id = 0;
 };
 
 /// Every pp rank's RankState (memoized per model split). @throws std::invalid_argument (tp /

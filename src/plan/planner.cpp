@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "config/pipeline_plan.hpp"
@@ -175,9 +176,12 @@ struct StatesCache {
   std::shared_ptr<const std::vector<RankState>> states;
 };
 
-// Predicts `c` (its dims already validated for `cfg`).
-void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
-              const std::vector<RankPlace>& places, const ModelArgs& args, StatesCache& cache) {
+// Predicts `c` (its dims already validated for `cfg`): its memory, and its step time when it
+// fits or `time_unfitting` (a search needs the time of a configuration that does not fit only
+// when it is shown as its family's smallest, and asks again then). Returns whether it timed it.
+bool evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
+              const std::vector<RankPlace>& places, const ModelArgs& args, StatesCache& cache,
+              bool time_unfitting = true) {
   const std::array<int64_t, 5> key = {c.dims.tp, c.dims.ep, c.dims.dp_shard * c.dims.cp, c.dims.pp,
                                       int64_t(cfg.parallelism.enable_sequence_parallel)};
   if (!cache.states || cache.key != key || cache.plan != plan) {
@@ -188,10 +192,12 @@ void evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, 
   std::shared_ptr<const std::vector<RankState>> states;
   std::shared_ptr<const ActivationPrediction> act;
   c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args, cache.states);
-  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
   c.fits = double(c.memory.total) <= limit;
   c.headroom = 1.0 - double(c.memory.total) / limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
+  if (!c.fits && !time_unfitting) return false;
+  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
+  return true;
 }
 
 PlanCandidate from_deck(const JobConfig& d, const ParallelDims& dims) {
@@ -270,11 +276,26 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   const std::vector<RankPlace> places =
       placement_for(deck, n, hw, opts.topology_file.empty() ? deck.topology.file : opts.topology_file);
   JobConfig cfg = base;  // each candidate's keys are set on it in turn
-  // The PipelinePlan of a (schedule, pp, local batch, micro-batch size) key, made once: its
-  // stages and schedule are shared by every candidate with that key.
-  std::map<std::string, std::shared_ptr<const PipelinePlan>> pipeline_plans;
-  std::map<std::string, PlanCandidate> best_of, least_of;  // per family
-  std::map<std::array<int64_t, 7>, std::string> family_names;
+  // The PipelinePlan of a (schedule, pp, micro-batches) key, made once: its stages and schedule
+  // are shared by every candidate with that key. Plans of one key differ only in their
+  // micro-batch size, set before each use (a copy per size would copy schedules of 10^5
+  // actions hundreds of times).
+  std::map<std::string, std::shared_ptr<PipelinePlan>> pipeline_plans;
+  // Per family: the fastest fitting configuration and the one using the least memory. Families
+  // are numbered by name (family() formats a string: it runs once per (degrees, ZeRO stage),
+  // and candidates find their family's number by that key).
+  struct Family {
+    std::optional<PlanCandidate> best, least;
+    bool least_timed = false;  // least's step time predicted (else asked once it is shown)
+    std::shared_ptr<PipelinePlan> least_plan;  // its micro-batch size set again before use
+  };
+  // predict_step_time() fails for every configuration of a search or for none (no peak for the
+  // deck's dtype, too few placed ranks): once one has been timed, those that do not fit are
+  // timed only when shown, and a failure still drops a configuration as it always did.
+  bool timed_one = false;
+  std::vector<Family> families;
+  std::map<std::string, size_t> family_by_name;
+  std::map<std::array<int64_t, 7>, size_t> family_of;
   StatesCache states_cache;
   const int64_t keep = std::max<int64_t>(opts.top, 1);
   auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
@@ -317,6 +338,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                                       "ZBVZeroBubble"}
                            : std::vector<std::string>{dp.pipeline_parallel_schedule};
                 for (const std::string& sched : pick_s(kSched, scheds, dp.pipeline_parallel_schedule)) {
+                  std::shared_ptr<PipelinePlan> sched_plan;  // this key's, once one candidate is valid
                   // The schedule's own rules (m ≥ pp for 1F1B, …) decide many candidates at
                   // once: ask the memoized verdict validate() reaches, before building any.
                   if (pp > 1 && deck.parallelism.pipeline_parallel_schedule_csv.empty()) {
@@ -376,18 +398,19 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             c.ac_mode = acm;
                             if (acm == "selective" && !fixed(kAC)) c.ac_option = "2";
                             set_keys(cfg, c);
-                            std::shared_ptr<const PipelinePlan> plan;
+                            std::shared_ptr<PipelinePlan> plan;
                             ParallelDims dims;
                             try {
                               dims = cfg.validate(n);
-                              if (pp > 1) {  // the stages and schedule, made once per key
-                                const std::string pkey = sched + "/" + std::to_string(pp) + "/" + std::to_string(lb) +
-                                                         "/" + std::to_string(mb);
+                              if (pp > 1 && !sched_plan) {  // the stages and schedule, made once per key
+                                const std::string pkey = sched + "/" + std::to_string(pp) + "/" + std::to_string(lb / mb);
                                 auto it = pipeline_plans.find(pkey);
                                 if (it == pipeline_plans.end())
                                   it = pipeline_plans.emplace(pkey, std::make_shared<PipelinePlan>(cfg.pipeline_plan(dims))).first;
-                                plan = it->second;
+                                sched_plan = it->second;
+                                sched_plan->microbatch_size = mb;
                               }
+                              plan = sched_plan;
                             } catch (const ConfigError& e) {
                               std::string msg = e.what();
                               const size_t at = msg.find(": [");
@@ -398,8 +421,11 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             }
                             ++res.valid;
                             c.dims = dims;
+                            bool c_timed = false;
                             try {
-                              evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a, states_cache);
+                              c_timed = evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a, states_cache,
+                                                 !timed_one);
+                              timed_one |= c_timed;
                               if (acm == "none") none_fits = c.fits;
                               // Selective AC when no AC does not fit: the largest N that fits
                               // (bisected over the distinct recomputed-block counts, memory
@@ -413,7 +439,8 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                   PlanCandidate t = c;
                                   t.ac_option = std::to_string(everies[mid]);
                                   cfg.activation_checkpoint.selective_ac_option = t.ac_option;
-                                  evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a, states_cache);
+                                  evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a, states_cache,
+                                           !timed_one);
                                   if (!t.fits) {
                                     hi = mid;
                                     continue;
@@ -430,19 +457,24 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             // family() formats a string; one per (degrees, ZeRO stage).
                             const std::array<int64_t, 7> fam_key = {c.dims.dp_replicate, c.dims.dp_shard, c.dims.cp,
                                                                     c.dims.tp, c.dims.pp, c.dims.ep, c.zero};
-                            auto fam_it = family_names.find(fam_key);
-                            if (fam_it == family_names.end()) fam_it = family_names.emplace(fam_key, c.family()).first;
-                            const std::string& fam = fam_it->second;
-                            auto lit = least_of.find(fam);
-                            if (lit == least_of.end() || c.memory.total < lit->second.memory.total) least_of[fam] = c;
+                            auto fam_it = family_of.find(fam_key);
+                            if (fam_it == family_of.end()) {
+                              const auto [by_name, added] = family_by_name.try_emplace(c.family(), families.size());
+                              if (added) families.emplace_back();
+                              fam_it = family_of.emplace(fam_key, by_name->second).first;
+                            }
+                            Family& fam = families[fam_it->second];
+                            if (!fam.least || c.memory.total < fam.least->memory.total) {
+                              fam.least = c;
+                              fam.least_timed = c_timed;
+                              fam.least_plan = plan;
+                            }
                             if (!c.fits) continue;
                             ++res.fitting;
                             c.risky = c.headroom < 1.0 - opts.pressure;
                             res.points.emplace_back(double(c.memory.total), c.time.tokens_per_s_per_device);
-                            auto bit = best_of.find(fam);
-                            if (bit == best_of.end() ||
-                                c.time.tokens_per_s_per_device > bit->second.time.tokens_per_s_per_device)
-                              best_of[fam] = c;
+                            if (!fam.best || c.time.tokens_per_s_per_device > fam.best->time.tokens_per_s_per_device)
+                              fam.best = c;
                             if (c.time.tokens_per_s_per_device >= best_tps * (1 - res.error_band)) {
                               best_tps = std::max(best_tps, c.time.tokens_per_s_per_device);
                               close.push_back(c);
@@ -495,13 +527,23 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   for (PlanCandidate& x : res.ranked)
     if (int64_t(close.size()) < keep && x.time.tokens_per_s_per_device < cut) close.push_back(std::move(x));
   res.ranked = std::move(close);
-  for (auto& [fam, c] : best_of) {
+  for (const auto& [name, i] : family_by_name) {  // in name order, as ties in the sorts below were
+    if (!families[i].best) continue;
+    PlanCandidate& c = *families[i].best;
     c.within_error = c.time.tokens_per_s_per_device >= cut;
     res.best_per_family.push_back(c);
   }
   std::sort(res.best_per_family.begin(), res.best_per_family.end(), faster);
-  for (auto& [fam, c] : least_of)
-    if (!best_of.count(fam)) res.rejected.emplace_back(c, why_not(c, res.memory_limit));
+  for (const auto& [name, i] : family_by_name) {
+    Family& f = families[i];
+    if (f.best || !f.least) continue;
+    if (!f.least_timed) {  // predicted as in the search, now with its step time
+      set_keys(cfg, *f.least);
+      if (f.least_plan) f.least_plan->microbatch_size = f.least->microbatch;
+      evaluate(cfg, *f.least, f.least_plan.get(), hw, res.memory_limit, places, a, states_cache);
+    }
+    res.rejected.emplace_back(*f.least, why_not(*f.least, res.memory_limit));
+  }
   std::sort(res.rejected.begin(), res.rejected.end(),
             [](const auto& x, const auto& y) { return x.first.memory.total < y.first.memory.total; });
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

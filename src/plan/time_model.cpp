@@ -183,21 +183,55 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   }
   const double dense_eff = last_eff[0], moe_eff = last_eff[1], head_eff = last_eff[2];
   // Per token of the busiest pipeline rank: matmul FLOPs, their time in FLOPs at the large-GEMM
-  // rate (FLOPs / shape efficiency), and attention FLOPs.
-  double mm = 0, mm_time = 0, attn = 0;
-  for (const RankState& st : states) {
-    double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
-    double t_r = m_r / head_eff;
-    for (size_t i = 0; i < st.blocks.size(); ++i) {
-      const double rec = recomputed(st.blocks[i]) ? 1.0 : 0.0;
-      const double f = (6.0 + 2.0 * rec) * st.block_params[i];
-      m_r += f;
-      t_r += f / (a.is_moe_layer(st.blocks[i]) ? moe_eff : dense_eff);
-      a_r += attn_per_block * (1.0 + rec / 3.0);
+  // rate (FLOPs / shape efficiency), and attention FLOPs; and the rank with the most blocks,
+  // with how many of them it recomputes. These depend on the split, the recomputation policy
+  // and the efficiencies only: the planner asks for them under several ZeRO stages, dtypes and
+  // cp rotations in a row, so the last few answers are kept per rank_states() result.
+  struct Busiest {
+    std::array<double, 11> key{};
+    double mm = 0, mm_time = 0, attn = 0, stage_blocks = 0, stage_recomputed = 0;
+  };
+  thread_local std::array<Busiest, 8> busiest_memo;
+  thread_local size_t busiest_next = 0;
+  const int64_t split_id = states.empty() ? 0 : states.front().split_id;
+  const std::array<double, 11> busiest_key = {double(split_id), double(states.size()), double(int(ac.mode)),
+                                              double(ac.every), dense_eff, moe_eff, head_eff, attention_eff,
+                                              hw.matmul_efficiency, attn_per_block, double(a.n_layers)};
+  const Busiest* known = nullptr;
+  if (split_id > 0)
+    for (const Busiest& b : busiest_memo)
+      if (b.key == busiest_key) known = &b;
+  Busiest made;
+  if (!known) {
+    for (const RankState& st : states) {
+      double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
+      double t_r = m_r / head_eff;
+      for (size_t i = 0; i < st.blocks.size(); ++i) {
+        const double rec = recomputed(st.blocks[i]) ? 1.0 : 0.0;
+        const double f = (6.0 + 2.0 * rec) * st.block_params[i];
+        m_r += f;
+        t_r += f / (a.is_moe_layer(st.blocks[i]) ? moe_eff : dense_eff);
+        a_r += attn_per_block * (1.0 + rec / 3.0);
+      }
+      if (t_r / hw.matmul_efficiency + a_r / attention_eff >
+          made.mm_time / hw.matmul_efficiency + made.attn / attention_eff)
+        made.mm = m_r, made.mm_time = t_r, made.attn = a_r;
     }
-    if (t_r / hw.matmul_efficiency + a_r / attention_eff > mm_time / hw.matmul_efficiency + attn / attention_eff)
-      mm = m_r, mm_time = t_r, attn = a_r;
+    for (const RankState& st : states)
+      if (double(st.blocks.size()) > made.stage_blocks) {
+        made.stage_blocks = double(st.blocks.size());
+        made.stage_recomputed = 0;
+        for (int64_t b : st.blocks) made.stage_recomputed += recomputed(b) ? 1.0 : 0.0;
+      }
+    made.key = busiest_key;
+    if (split_id > 0) {
+      busiest_memo[busiest_next] = made;
+      busiest_next = (busiest_next + 1) % busiest_memo.size();
+    }
+    known = &made;
   }
+  double mm = known->mm, mm_time = known->mm_time, attn = known->attn;
+  const double stage_blocks = known->stage_blocks, stage_recomputed = known->stage_recomputed;
   mm *= t_replica / double(d.tp);
   mm_time *= t_replica / double(d.tp);
   attn *= t_replica / double(d.tp);
@@ -215,10 +249,23 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   const bool pipelined = d.pp > 1;
   double bubble_fraction = 0;
   if (pipelined && plan) {
-    try {
-      bubble_fraction = textbook_bubble(plan->schedule).value;
-    } catch (const std::exception&) {
-      bubble_fraction = simulate_schedule(plan->schedule, {}, false, /*timeline=*/false).bubble_fraction();
+    // The formula's value for the last schedule asked (it formats a description each call).
+    struct LastBubble {
+      std::string name;
+      int pp = 0, m = 0, v = 0;
+      double value = 0;
+    };
+    thread_local LastBubble last;
+    const PipelineSchedule& s = plan->schedule;
+    if (s.name == last.name && s.pp == last.pp && s.microbatches == last.m && s.stages_per_rank == last.v) {
+      bubble_fraction = last.value;
+    } else {
+      try {
+        bubble_fraction = textbook_bubble(s).value;
+        last = {s.name, s.pp, s.microbatches, s.stages_per_rank, bubble_fraction};
+      } catch (const std::exception&) {
+        bubble_fraction = simulate_schedule(s, {}, false, /*timeline=*/false).bubble_fraction();
+      }
     }
   }
   // CPU ranks of one node share its memory bandwidth (the cpu entry's is the node's: each busy
@@ -244,13 +291,6 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     cp_merge_bwd = blocks * c_rows * (qd + 2 * kd) * 8.0 +
                    (cfg.parallelism.context_parallel_rotate_method == "alltoall" ? double(d.cp) * 2 * rows * kd * 12.0 : 0);
   }
-  double stage_blocks = 0, stage_recomputed = 0;  // the busiest rank's
-  for (const RankState& st : states)
-    if (double(st.blocks.size()) > stage_blocks) {
-      stage_blocks = double(st.blocks.size());
-      stage_recomputed = 0;
-      for (int64_t b : st.blocks) stage_recomputed += recomputed(b) ? 1.0 : 0.0;
-    }
   const double merge_bytes = double(micro) * (stage_blocks * (cp_merge_fwd + cp_merge_bwd) + stage_recomputed * cp_merge_fwd);
   p.compute_s = mm_time / (peak * hw.matmul_efficiency) + attn / (peak * attention_eff) +
                 (traffic + merge_bytes) / (bandwidth * hw.memory_efficiency) + optimizer_bytes / bandwidth;
