@@ -26,8 +26,14 @@ def main():
     margs, params, grads, tokens, loss, buffers, force_balance = load_dump(args.dump, with_buffers=True)
     if grads is None or tokens is None or loss is None:
         sys.exit(f"{args.dump}: needs /grads, /batch/tokens and the loss attribute (write it with dump_grads)")
+    import h5py
+
+    with h5py.File(args.dump, "r") as f:  # dump_grads --block-causal: document masking's EOS id
+        eos_id = int(f.attrs["doc_mask_eos_id"]) if "doc_mask_eos_id" in f.attrs else None
     ref = LlamaReference(margs, params, buffers=buffers, force_balance=force_balance)
-    ref_loss = ref.loss(tokens)
+    ref_loss = ref.loss(tokens, eos_id=eos_id)
+    if eos_id is not None:
+        print(f"document masking: EOS id {eos_id}, explicit [B, T, T] mask")
     ref_loss.backward()
     worst = abs(ref_loss.item() - loss) / abs(ref_loss.item())
     failed = worst > args.tol

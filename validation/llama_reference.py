@@ -8,7 +8,11 @@ Conventions shared with meshtrain (doc/checkpoint-format.md):
 - RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w.
 - RoPE is Meta's interleaved form: within a head, pairs (2j, 2j+1) rotate by pos * freq_j,
   freq_j = theta^(-2j/Dh), with Llama 3.1 scaling when enabled.
-- Attention is causal with scale 1/sqrt(Dh); query head h reads kv head h // (Hq / Hkv).
+- Attention is causal with scale 1/sqrt(Dh); query head h reads kv head h // (Hq / Hkv). With
+  `eos_id` (attn_mask_type = "block_causal") an explicit mask also keeps each query inside its
+  document: document ids are the count of EOS tokens before a position (TorchTitan's
+  get_document_mask_mod), so a document ends with, and includes, its EOS; RoPE keeps the sample
+  positions.
 - Loss is the mean cross-entropy over all B*T targets.
 
 The same model serves perf/torch_llama.py (the PyTorch side of perf/gpu_step_bench.py): there it
@@ -136,9 +140,10 @@ class LlamaReference:
         self.dtype = dtype
         self.compute_dtype = compute_dtype
 
-    def loss(self, tokens, attention="einsum"):
+    def loss(self, tokens, attention="einsum", eos_id=None):
         """Mean cross-entropy of tokens [B, T+1] (array or tensor). attention: "einsum" (scores
-        materialized, the checks' float64 path) or "sdpa" (scaled_dot_product_attention)."""
+        materialized, the checks' float64 path) or "sdpa" (scaled_dot_product_attention).
+        eos_id: document masking from the inputs' EOS tokens (einsum only)."""
         a = self.args
         p = self.params
         if self.compute_dtype is not None:
@@ -153,7 +158,14 @@ class LlamaReference:
         ang = pos * torch.tensor(rope_frequencies(a), dtype=self.dtype, device=dev)[None, :]
         cos, sin = torch.cos(ang), torch.sin(ang)
         if attention == "einsum":
-            mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=dev), diagonal=1)
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=dev), diagonal=1)[None, None]  # [1, 1, T, T]
+            if eos_id is not None:
+                # doc[b, i] = number of EOS among inputs [0, i): masked where documents differ.
+                ends = (inp == eos_id).long()
+                doc = torch.cumsum(ends, dim=1) - ends
+                mask = mask | (doc[:, None, :, None] != doc[:, None, None, :])  # [B, 1, T, T]
+        elif eos_id is not None:
+            raise ValueError("document masking (eos_id) needs attention='einsum'")
         h = p["tok_embeddings.weight"][inp]
         extra = torch.zeros((), dtype=self.dtype, device=dev)
         for i in range(a["n_layers"]):

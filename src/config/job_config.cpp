@@ -30,11 +30,20 @@ const char* torchtitan_model_feature(const std::string& name) {
   return nullptr;
 }
 
-const char* torchtitan_flavor_feature(const std::string& name, const std::string& flavor) {
-  if (name == "llama3" && (flavor == "debugmodel_flex_attn" || flavor == "8B_flex"))
-    return "FlexAttention flavor";
-  if (name == "llama3" && (flavor == "debugmodel_varlen_attn" || flavor == "8B_varlen"))
-    return "variable-length attention flavor";
+// TorchTitan v0.2.2's attention flavors of llama3 (torchtitan/models/llama3/__init__.py): the
+// shape of `base` with attn_type `attn_type` and attn_mask_type "block_causal". They resolve
+// here rather than in the flavor table, so `meshtrain model list` keeps one row per shape.
+struct AttentionFlavor {
+  const char *flavor, *base, *attn_type;
+};
+const AttentionFlavor* torchtitan_attention_flavor(const std::string& name, const std::string& flavor) {
+  static const AttentionFlavor table[] = {{"debugmodel_flex_attn", "debugmodel", "flex"},
+                                          {"debugmodel_varlen_attn", "debugmodel", "varlen"},
+                                          {"8B_flex", "8B", "flex"},
+                                          {"8B_varlen", "8B", "varlen"}};
+  if (name != "llama3") return nullptr;
+  for (const AttentionFlavor& f : table)
+    if (flavor == f.flavor) return &f;
   return nullptr;
 }
 
@@ -80,12 +89,15 @@ ModelArgs JobConfig::resolve_model_args() const {
                                   join(names) + ")");
   if (std::find(names.begin(), names.end(), model.name) == names.end())
     fail(*this, "model.name", "unknown model '" + model.name + "' (models: " + join(names) + ")");
-  if (const char* what = torchtitan_flavor_feature(model.name, model.flavor))
-    fail(*this, "model.flavor", std::string(what) + " '" + model.flavor + "' of " + model.name +
-                                    " (TorchTitan) is not implemented yet (flavors: " + join(model_flavors(model.name)) + ")");
+  const AttentionFlavor* attention_flavor = torchtitan_attention_flavor(model.name, model.flavor);
   ModelArgs a;
   try {
-    a = model_flavor(model.name, model.flavor);
+    a = model_flavor(model.name, attention_flavor ? attention_flavor->base : model.flavor);
+    if (attention_flavor) {
+      a.flavor = model.flavor;
+      a.attn_type = attention_flavor->attn_type;
+      a.attn_mask_type = "block_causal";
+    }
   } catch (const std::out_of_range&) {
     fail(*this, "model.flavor", "unknown flavor '" + model.flavor + "' of model '" + model.name + "' (flavors: " +
                                     join(model_flavors(model.name)) + ")");
@@ -123,6 +135,12 @@ ModelArgs JobConfig::resolve_model_args() const {
   if (m.z_loss_coeff) a.z_loss_coeff = *m.z_loss_coeff;
   if (m.n_dense_layers) a.n_dense_layers = *m.n_dense_layers;
   if (m.moe_layer_step) a.moe_layer_step = *m.moe_layer_step;
+  if (!m.attn_type.empty()) a.attn_type = m.attn_type;
+  if (!m.attn_mask_type.empty()) a.attn_mask_type = m.attn_mask_type;
+  if (a.attn_type == "varlen" && a.attn_mask_type != "block_causal")  // TorchTitan's get_attention_masks
+    fail(*this, m.attn_mask_type.empty() ? "model.attn_type" : "model.attn_mask_type",
+         "attn_type \"varlen\" needs attn_mask_type \"block_causal\", got \"" + a.attn_mask_type +
+             "\" (variable-length attention is document attention)");
   if (a.num_experts > 0) {
     if (a.top_k > a.num_experts)
       fail(*this, m.top_k ? "model.top_k" : "model.num_experts",
@@ -219,6 +237,10 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
     fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
                                         str(d.tp) + " (sequence parallelism shards each sample's tokens over tp; "
                                         "[parallelism] enable_sequence_parallel = false lifts the rule)");
+  if (a.attn_mask_type == "block_causal" && training.device == "cuda")
+    fail(*this, model.attn_mask_type.empty() ? "model.flavor" : "model.attn_mask_type",
+         "attn_mask_type \"block_causal\" on device \"cuda\" is not implemented yet (the CPU kernels have "
+         "document masking; set attn_mask_type = \"causal\" or device = \"cpu\")");
   if (d.cp > 1 && p.context_parallel_rotate_method == "ulysses")
     for (auto [what, heads] : {std::pair{"n_heads", a.n_heads}, std::pair{"n_kv_heads", a.n_kv_heads}})
       if (heads % (d.cp * d.tp))

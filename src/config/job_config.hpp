@@ -43,6 +43,8 @@ struct ModelSection {
   std::string score_func;  ///< softmax | sigmoid; "" = the flavor's
   std::optional<bool> route_norm;
   std::optional<double> route_scale, load_balance_coeff, aux_loss_coeff, z_loss_coeff;
+  std::string attn_type;       ///< sdpa | flex | varlen; "" = the flavor's
+  std::string attn_mask_type;  ///< causal | block_causal; "" = the flavor's
   bool operator==(const ModelSection&) const = default;
 };
 

@@ -28,6 +28,13 @@ struct ModelArgs {
   int64_t rope_original_max_seq_len = 8192;
   bool qk_norm = false;           ///< Qwen3 per-head RMSNorm on q and k
   bool tie_word_embeddings = false;
+  /// TorchTitan's attention backend name (sdpa | flex | varlen, its llama3 model args): one
+  /// kernel serves all three here, so it only names the flavor's choice (varlen requires
+  /// block_causal, as TorchTitan's get_attention_masks).
+  std::string attn_type = "sdpa";
+  /// causal, or block_causal: causal within each document of a packed sample (documents end
+  /// with their EOS token; TorchTitan's get_document_mask_mod).
+  std::string attn_mask_type = "causal";
 
   // ---- Mixture of Experts (num_experts == 0: every block has the dense FFN) ----
   int64_t num_experts = 0;         ///< routed experts E per MoE block

@@ -197,6 +197,22 @@ std::vector<Option> build_option_table() {
                "RoPE scaling: high-frequency factor (> rope_low_freq_factor)", F, 0.0, true);
     s.optional("rope_original_max_seq_len", &ModelSection::rope_original_max_seq_len,
                "RoPE scaling: context length the model was pretrained with", F, 1);
+    for (auto [key, field, meaning, choices] :
+         {std::tuple{"attn_type", &ModelSection::attn_type,
+                     "TorchTitan's attention backend name; meshtrain's own kernels serve all three (varlen needs "
+                     "attn_mask_type = \"block_causal\")",
+                     std::vector<std::string>{"sdpa", "flex", "varlen"}},
+          std::tuple{"attn_mask_type", &ModelSection::attn_mask_type,
+                     "causal, or block_causal: each token attends only to earlier tokens of its own document of the "
+                     "packed sample (a document ends with its EOS token, the store's eos_id; RoPE keeps sample "
+                     "positions); not yet on CUDA",
+                     std::vector<std::string>{"causal", "block_causal"}}}) {
+      s.str(key, field, meaning, choices);
+      o.back().default_text = F;
+      o.back().get = [field](const JobConfig& c) {  // unset ("") prints nothing, like the optional keys
+        return (c.model.*field).empty() ? std::string() : toml::quote(c.model.*field);
+      };
+    }
     s.optional("num_experts", &ModelSection::num_experts,
                "routed experts per MoE block (Mixture of Experts; 0 = every block dense)", F, 0);
     s.optional("top_k", &ModelSection::top_k, "experts chosen per token (token choice, dropless); <= num_experts", F, 1);

@@ -52,6 +52,11 @@ TokenStore::TokenStore(const std::string& path) : path_(path) {
     if (H5Aread(a.id, H5T_NATIVE_INT64, &vocab_size_) < 0 || vocab_size_ < 2)
       fail(path, "attribute vocab_size is unreadable or < 2");
   }
+  if (H5Aexists(file.id, "eos_id") > 0) {
+    H5Id a{H5Aopen(file.id, "eos_id", H5P_DEFAULT), H5Aclose};
+    if (H5Aread(a.id, H5T_NATIVE_INT64, &eos_id_) < 0 || eos_id_ < 0 || eos_id_ >= vocab_size_)
+      fail(path, "attribute eos_id is unreadable or outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
+  }
   for (auto [name, split] : {std::pair{"train", &train_}, {"validation", &validation_}}) {
     const std::string g = std::string("/") + name;
     split->tokens = read_1d<int32_t>(file.id, path, g + "/tokens", H5T_NATIVE_INT32);

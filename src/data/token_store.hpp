@@ -26,10 +26,14 @@ class TokenStore {
   int64_t vocab_size() const { return vocab_size_; }
   const TokenSplit& split(const std::string& name) const;  ///< "train" | "validation"; @throws DataError
   const std::string& tokenizer_model() const { return tokenizer_model_; }  ///< SentencePiece model bytes
+  /// The attribute eos_id: the token that ends every document (document masking reads it);
+  /// -1 when the store has no such attribute (stores written before it existed).
+  int64_t eos_id() const { return eos_id_; }
 
  private:
   std::string path_;
   int64_t vocab_size_ = 0;
+  int64_t eos_id_ = -1;
   TokenSplit train_, validation_;
   std::string tokenizer_model_;
 };

@@ -32,6 +32,26 @@ struct AdamWSegment {
 /// every key; kCausal, the diagonal block of a causal sequence (query t sees keys s ≤ t).
 enum class AttentionMask { kNone, kCausal };
 
+/// Document masking of one attention call (TorchTitan's attn_mask_type = "block_causal"): on top
+/// of the causal rule, query position p sees key position s only when both lie in the same
+/// document of their packed sample. Documents are contiguous, so the keys a query sees form one
+/// range [doc_start[b, p], p] and kernels skip every key outside it, forward and backward.
+/// doc_start i32 [B, T] on the device holds, for each sample b and each position p of the whole
+/// sequence (global positions 0 … T − 1, whatever the context-parallel split), the position of
+/// the first token of p's document (a document ends with, and includes, its EOS token).
+/// q_offset / k_offset are the global positions of the call's first query / first key row, so a
+/// context-parallel block (one query chunk against one key chunk) reads the same table.
+/// An undefined doc_start (the default) means no document mask: plain causal attention.
+/// host_starts, when set, is the same [B, T] table in host memory: callers that split attention
+/// into blocks (context parallelism) read it to skip blocks wholly outside the mask; kernels
+/// read doc_start only.
+struct DocumentMask {
+  Tensor doc_start;
+  int64_t q_offset = 0, k_offset = 0;
+  const int32_t* host_starts = nullptr;
+  bool active() const { return doc_start.defined(); }
+};
+
 /// Score function of a Mixture-of-Experts router: softmax over the experts (Qwen3-MoE, Mixtral)
 /// or an independent sigmoid per expert (DeepSeek-V3).
 enum class MoeScoreFunc { kSoftmax, kSigmoid };
@@ -140,13 +160,16 @@ class Device {
   /// Causal grouped-query attention, flash style (Dao et al. 2022): q [B, T, Hq, Dh],
   /// k, v [B, T, Hkv, Dh], out [B, T, Hq, Dh], lse [B, Hq, T] log-sum-exp of scaled scores
   /// (saved for backward). Query head h reads kv head h / (Hq / Hkv). scale = 1/sqrt(Dh).
+  /// docs: document masking (DocumentMask; default none). A query row that sees no key cannot
+  /// occur here (every position sees itself).
+  /// @throws std::invalid_argument on mismatched shapes or a doc_start that is not i32 [B, T].
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                 const Tensor& lse, float scale) = 0;
+                                 const Tensor& lse, float scale, const DocumentMask& docs = {}) = 0;
   /// Gradients of attention_forward: dq overwritten [B, T, Hq, Dh], dk, dv overwritten
   /// [B, T, Hkv, Dh]; recomputes probabilities from q, k and lse.
   virtual void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
-                                  const Tensor& dk, const Tensor& dv) = 0;
+                                  const Tensor& dk, const Tensor& dv, const DocumentMask& docs = {}) = 0;
   // ---- block attention (context parallelism: ring / all-gather attention) ----
   /// One block of causal grouped-query attention whose queries and keys are different slices of
   /// the sequence, as a ring step or an all-gathered key chunk sees them (Liu et al. 2023, Ring
@@ -156,9 +179,12 @@ class Device {
   /// keys s ≤ t. Writes out f32 [B, Tq, Hq, Dh] (this block's normalized output, f32 whatever
   /// the activation dtype, so that merges stay exact) and lse f32 [B, Hq, Tq] (log-sum-exp of
   /// the block's scaled scores). Query head h reads kv head h / (Hq / Hkv).
+  /// docs (default none) masks keys of other documents as well; a query row that then sees no
+  /// key of this block gets out 0 and lse −inf, which attention_merge skips.
   /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
   virtual void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                                       const Tensor& out, const Tensor& lse, float scale) = 0;
+                                       const Tensor& out, const Tensor& lse, float scale,
+                                       const DocumentMask& docs = {}) = 0;
   /// Merges one block's partial result into the running one with the log-sum-exp rule, in f32
   /// (the rule of Milakov & Gimelshein 2018, as Ring Attention applies it): with
   /// σ(x) = 1 / (1 + e^(−x)), out ← out − σ(lse_b − lse)·(out − out_b), then
@@ -176,7 +202,8 @@ class Device {
   /// @throws std::invalid_argument on mismatched shapes or dtypes, or kCausal with Tq != Tk.
   virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                         AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                        const Tensor& dq, const Tensor& dk, const Tensor& dv) = 0;
+                                        const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                        const DocumentMask& docs = {}) = 0;
   // ---- Mixture of Experts ----
   /// Router of a MoE layer. logits f32 [N, E] (the gate's x·Wᵀ); scores f32 [N, E] receives
   /// softmax(logits) per row or sigmoid(logits) per element (r.score_func). With `select` the

@@ -46,6 +46,11 @@ struct StepContext {
   Tensor tokens;             ///< i32 [B·seq_len] inputs, chunk-major (context_parallel.hpp); every tp rank
   Tensor targets;            ///< i32 [B·seq_len] next tokens, in the same order
   Tensor rope_cos, rope_sin; ///< [T, head_dim/2] for the global positions 0 … T − 1
+  /// i32 [B, T] document starts of each whole sample (document_starts in attention.hpp), the
+  /// same on every cp / tp / pp rank: attention's DocumentMask under attn_mask_type =
+  /// "block_causal". Undefined: plain causal attention.
+  Tensor doc_start;
+  std::vector<int32_t> doc_start_host;  ///< the same [B, T] table in host memory (cp skips blocks by it)
   float loss_grad_scale = 0; ///< d(loss)/d(per-token CE): 1 / global target tokens
   bool need_backward = true; ///< false for validation (no gradients, nothing saved)
   /// dtype of activations and their gradients (f32; bf16 under mixed precision). Statistics

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/init.hpp"
+#include "model/layers/attention.hpp"
 #include "model/layers/embedding.hpp"
 #include "model/layers/transformer_block.hpp"
 
@@ -195,6 +196,11 @@ StepContext Transformer::make_context(const int32_t* samples, int64_t n, int64_t
   ctx.targets = dev_.empty({n * local}, DType::kI32, MemCategory::kActivations);
   dev_.upload(ctx.tokens, in.data(), in.size() * sizeof(int32_t));
   dev_.upload(ctx.targets, tg.data(), tg.size() * sizeof(int32_t));
+  if (doc_eos_ >= 0) {  // from the whole samples: every cp rank needs every position's document
+    ctx.doc_start_host = document_starts(samples, n, t, doc_eos_);
+    ctx.doc_start = dev_.empty({n, t}, DType::kI32, MemCategory::kActivations);
+    dev_.upload(ctx.doc_start, ctx.doc_start_host.data(), ctx.doc_start_host.size() * sizeof(int32_t));
+  }
   return ctx;
 }
 

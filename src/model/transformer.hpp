@@ -101,6 +101,11 @@ class Transformer {
   /// head of a part without the embedding (pipeline parallelism): the first stage's is the
   /// original, written to checkpoints and counted once in the gradient norm.
   bool is_tied_copy(const Parameter* p) const { return p->sharding.tied_copy; }
+  /// Document masking (`[model] attn_mask_type = "block_causal"`): from now on make_context
+  /// fills StepContext::doc_start from each sample's `eos_id` tokens (document_starts); a
+  /// negative id turns it off (plain causal attention, the default). Throws nothing.
+  void set_document_mask_eos(int32_t eos_id) { doc_eos_ = eos_id; }
+  int32_t document_mask_eos() const { return doc_eos_; }
   /// The MoE layers of this part's blocks, in block order (empty for a dense model).
   const std::vector<MoE*>& moe_layers() const { return moe_layers_; }
   /// MoE blocks route round-robin by position ([debug] moe_force_load_balance) in every
@@ -142,6 +147,7 @@ class Transformer {
   std::vector<Layer*> units_;
   std::vector<MoE*> moe_layers_;
   bool moe_force_load_balance_ = false;
+  int32_t doc_eos_ = -1;  // set_document_mask_eos; < 0: no document mask
   std::vector<Parameter*> params_;
   std::vector<std::pair<size_t, size_t>> unit_ranges_;  // [first, last) into params_
   Tensor flat_params_, flat_grads_;

@@ -143,6 +143,10 @@ void check_dataset(const JobConfig& cfg, const TokenStore& store) {
     throw ConfigError(cfg.origin_of("model.vocab_size") + ": [model] vocab_size: " + std::to_string(args.vocab_size) +
                       " is smaller than the vocabulary of " + cfg.training.dataset + " (" +
                       std::to_string(store.vocab_size()) + "); token ids must be < vocab_size");
+  if (args.attn_mask_type == "block_causal" && store.eos_id() < 0)
+    throw ConfigError(cfg.origin_of("model.attn_mask_type") + ": [model] attn_mask_type: \"block_causal\" finds "
+                      "documents by their EOS token, but " + cfg.training.dataset +
+                      " has no eos_id attribute (write it again with `meshtrain data prepare`)");
 }
 
 void check_device(const JobConfig& cfg) {
@@ -196,6 +200,10 @@ Trainer::Trainer(const JobConfig& cfg, const ParallelDims& dims, const TokenStor
   peak_flops_ = device_->peak_flops(&peak_measured_);
   log_prediction();
   build_model();
+  if (args_.attn_mask_type == "block_causal") {
+    check_dataset(cfg_, store);  // throws when the store does not name its EOS token
+    model_->set_document_mask_eos(int32_t(store.eos_id()));
+  }
   resume();
   open_outputs();
   log_start();

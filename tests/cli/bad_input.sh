@@ -47,6 +47,7 @@ expect layout "-1 cannot fill world size 2" -- train --deck "$deck" --parallelis
 expect pp_microbatches "[parallelism] pipeline_parallel_microbatch_size: schedule 1F1B with pp = 2 got 1 micro-batches" -- train --deck "$deck" --parallelism.pipeline_parallel_degree=2 --training.local_batch_size=1
 expect pp_layers_per_stage "[parallelism] pipeline_parallel_layers_per_stage = 3" -- train --deck "$deck" --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_layers_per_stage=3
 expect tp_kv_heads "n_kv_heads 1 is not divisible by tp 2 (n_kv_heads % tp == 0)" -- train --deck "$deck" --model.n_kv_heads=1 --parallelism.tensor_parallel_degree=2
+expect varlen_causal '[model] attn_mask_type: attn_type "varlen" needs attn_mask_type "block_causal", got "causal"' -- train --deck "$deck" --model.attn_type=varlen --model.attn_mask_type=causal
 expect missing_dataset "missing.h5: cannot open token store" -- train --deck "$deck" --parallelism.data_parallel_replicate_degree=2
 printf 'not hdf5' > "$work/corrupt.h5"
 expect corrupt_dataset "corrupt.h5: not an HDF5 file" -- train --deck "$deck" --parallelism.data_parallel_replicate_degree=2 --training.dataset="$work/corrupt.h5"

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "config/option_registry.hpp"
 #include "config/torchtitan_compat.hpp"
@@ -201,7 +202,6 @@ BOOST_AUTO_TEST_CASE(models_and_flavors_torchtitan_has_are_not_implemented_yet) 
       "[model]\nname = \"qwen3\"\nflavor = \"debugmodel_moe\"\n[parallelism]\nexpert_tensor_parallel_degree = 2\n");
   BOOST_TEST(has(etp, ".toml:5: [parallelism] expert_tensor_parallel_degree:"), etp);
   BOOST_TEST(has(etp, "expert tensor parallelism is not implemented yet"), etp);
-  BOOST_TEST(has(refusal_of(kBase, {"--model.flavor=8B_flex"}), "FlexAttention flavor '8B_flex' of llama3"));
   BOOST_TEST(has(refusal_of(kBase, {"--model.name=flux"}), "diffusion model 'flux' (TorchTitan) is not implemented yet"));
   // Not a TorchTitan model either: still "not allowed".
   BOOST_TEST(has(refusal_of(kBase, {"--model.name=gpt2"}), "value \"gpt2\" is not allowed (must be one of llama3 | qwen3 | mixtral)"));
@@ -410,3 +410,33 @@ BOOST_AUTO_TEST_CASE(torchtitan_compat_doc_is_current) {
   BOOST_TEST(has(md, "| async_mode | string | \"disabled\" | \"disabled\" | honoured; \"async\" and "
                      "\"async_with_pinned_mem\" stage the state in host memory"));
 }
+
+BOOST_AUTO_TEST_CASE(attention_flavors_and_keys_resolve_to_document_masking) {
+  // TorchTitan v0.2.2's llama3 attention flavors: the debugmodel / 8B shapes with block_causal.
+  for (auto [flavor, base, type] : {std::tuple{"debugmodel_flex_attn", "debugmodel", "flex"},
+                                    std::tuple{"debugmodel_varlen_attn", "debugmodel", "varlen"},
+                                    std::tuple{"8B_flex", "8B", "flex"}, std::tuple{"8B_varlen", "8B", "varlen"}}) {
+    const ModelArgs a = load(kBase, {std::string("--model.flavor=") + flavor}).model_args();
+    const ModelArgs b = model_flavor("llama3", base);
+    BOOST_TEST(a.flavor == flavor);
+    BOOST_TEST(a.attn_type == type);
+    BOOST_TEST(a.attn_mask_type == "block_causal");
+    BOOST_TEST((a.dim == b.dim && a.n_layers == b.n_layers && a.n_kv_heads == b.n_kv_heads && a.vocab_size == b.vocab_size));
+  }
+  const ModelArgs plain = load(kBase).model_args();
+  BOOST_TEST(plain.attn_type == "sdpa");
+  BOOST_TEST(plain.attn_mask_type == "causal");
+  // The keys override the flavor's choice; block_causal runs with every parallel dimension.
+  BOOST_TEST(load(kBase, {"--model.flavor=debugmodel_flex_attn", "--model.attn_mask_type=causal"}).model_args().attn_mask_type ==
+             "causal");
+  BOOST_TEST(error_of(kBase, {"--model.attn_mask_type=block_causal", "--parallelism.context_parallel_degree=2"}, 2) == "");
+  // TorchTitan's rule: varlen attention is document attention.
+  BOOST_TEST(has(refusal_of(kBase, {"--model.flavor=debugmodel_varlen_attn", "--model.attn_mask_type=causal"}),
+                 "[model] attn_mask_type: attn_type \"varlen\" needs attn_mask_type \"block_causal\""));
+  BOOST_TEST(has(refusal_of(kBase, {"--model.attn_type=varlen"}), "[model] attn_type: attn_type \"varlen\" needs"));
+  // No CUDA kernel yet: refused by name, never run as plain causal attention.
+  BOOST_TEST(has(refusal_of(kBase, {"--model.flavor=8B_flex", "--training.device=cuda"}),
+                 "[model] flavor: attn_mask_type \"block_causal\" on device \"cuda\" is not implemented yet"));
+  BOOST_TEST(has(refusal_of(kBase, {"--model.attn_mask_type=sliding"}), "value \"sliding\" is not allowed"));
+}
+

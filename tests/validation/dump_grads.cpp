@@ -6,8 +6,11 @@
 // Mixture of Experts: --moe (softmax top-2 of 8, renormalized, a shared expert, a random
 // selection bias), --moe-sigmoid (sigmoid top-3 of 6, route_scale 2.5, balance loss and z-loss,
 // block 0 dense), --moe-balance (--moe routed round-robin, moe_force_load_balance).
+// --block-causal: document masking (attn_mask_type = "block_causal") with EOS id 3 planted so
+// that the samples hold documents of 1 to 13 tokens, one of them ending at the last input;
+// the dump's attribute doc_mask_eos_id tells check_gradients.py to build the explicit mask.
 // usage: dump_grads OUT.h5 [--gqa] [--tie] [--qk-norm] [--rope-scaling] [--ac full|selective]
-//        [--moe | --moe-sigmoid | --moe-balance]
+//        [--moe | --moe-sigmoid | --moe-balance] [--block-causal]
 //        dump_grads OUT.h5 --checkpoint CKPT.h5
 #include <cstdio>
 #include <cstring>
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
   a.rope_theta = 10000.0;
   std::string ac = "none", checkpoint;
   bool force_balance = false;
+  int32_t doc_eos = -1;  // --block-causal: the EOS id
   const auto moe = [&](int64_t experts, int64_t top_k) {
     a.num_experts = experts;
     a.top_k = top_k;
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
     else if (f == "--rope-scaling") a.use_rope_scaling = true, a.rope_original_max_seq_len = 16, a.rope_scaling_factor = 4;
     else if (f == "--ac" && i + 1 < argc) ac = argv[++i];
     else if (f == "--checkpoint" && i + 1 < argc) checkpoint = argv[++i];
+    else if (f == "--block-causal") doc_eos = 3;
     else if (f == "--moe" || f == "--moe-balance") {
       moe(8, 2);
       a.route_norm = true;
@@ -99,6 +104,15 @@ int main(int argc, char** argv) {
   const int64_t b = 3, t = 24;
   std::vector<int32_t> tokens(size_t(b * (t + 1)));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(counter_u64(7, 1, i) % uint64_t(a.vocab_size));
+  if (doc_eos >= 0) {
+    // The random tokens hold id 3 by chance too; these add ends at input positions 0 (a
+    // one-token document), 5, 6, 19 and t − 1 (the last input), and in sample 2 none besides.
+    for (size_t i = 0; i < tokens.size(); ++i)
+      if (tokens[i] == doc_eos) tokens[i] = doc_eos + 1;
+    for (int64_t p : {0, 5, 6, 19, 23}) tokens[size_t(p)] = doc_eos;
+    for (int64_t p : {10, 11}) tokens[size_t((t + 1) + p)] = doc_eos;
+    model.set_document_mask_eos(doc_eos);
+  }
   StepContext ctx = model.make_context(tokens.data(), b, t, 1.0f / float(b * t), true);
   Executor exec(model.units(), model.block_index(), CheckpointPolicy::from_deck(ac, "2"));
   exec.forward_backward(ctx);
@@ -111,6 +125,10 @@ int main(int argc, char** argv) {
   for (MoE* m : model.moe_layers()) opt.loss += m->step_stats().aux_loss + m->step_stats().z_loss;
   opt.moe_force_load_balance = force_balance;
   write_model_dump(argv[1], model, *dev, opt);
+  if (doc_eos >= 0) {
+    h5::Handle f{H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+    h5::write_attr(f.id, "doc_mask_eos_id", int64_t(doc_eos), argv[1]);
+  }
   std::printf("loss %.8f written to %s\n", opt.loss, argv[1]);
   return 0;
 }

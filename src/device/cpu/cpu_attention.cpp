@@ -2,9 +2,12 @@
 // them from q, k and the saved log-sum-exp (Dao et al. 2022, Algorithms 1 and 2). One kernel
 // serves the whole causal sequence (attention_forward / attention_backward) and the blocks of
 // context parallelism (a query chunk against a key chunk, no mask or a causal diagonal; the
-// backward then takes the global log-sum-exp and accumulates).
+// backward then takes the global log-sum-exp and accumulates). Under document masking
+// (DocumentMask) a query row sees one contiguous key range, [doc start, itself]: the loops run
+// over that range only, so keys of other documents cost nothing, forward and backward.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -29,6 +32,42 @@ Dims check(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, At
   return Dims{q.dim(0), q.dim(1), k.dim(1), q.dim(2), k.dim(2), q.dim(3)};
 }
 
+// The keys query row i of sample b sees: [lo, hi) in the call's key indices. Causal (or kNone)
+// gives the upper end; the document mask moves the lower end to the row's document start.
+struct KeyRange {
+  int64_t lo, hi;
+};
+
+class RowRanges {
+ public:
+  /// @throws std::invalid_argument when docs.doc_start is not i32 [B, ≥ offset + length].
+  RowRanges(const char* fn, const Dims& d, AttentionMask mask, const DocumentMask& docs)
+      : d_(d), causal_(mask == AttentionMask::kCausal), docs_(docs) {
+    if (!docs.active()) return;
+    const Tensor& t = docs.doc_start;
+    if (t.dtype() != DType::kI32 || t.ndim() != 2 || t.dim(0) != d.b || docs.q_offset < 0 || docs.k_offset < 0 ||
+        t.dim(1) < docs.q_offset + d.tq || t.dim(1) < docs.k_offset + d.tk)
+      throw std::invalid_argument(std::string(fn) + ": doc_start must be i32 [B = " + std::to_string(d.b) +
+                                  ", T] covering queries from " + std::to_string(docs.q_offset) + " and keys from " +
+                                  std::to_string(docs.k_offset) + ", got " + shape_str(t.shape()));
+    starts_ = t.i32();
+    seq_ = t.dim(1);
+  }
+  KeyRange operator()(int64_t b, int64_t i) const {
+    const int64_t hi = causal_ ? i + 1 : d_.tk;
+    if (!starts_) return {0, hi};
+    const int64_t ds = starts_[b * seq_ + docs_.q_offset + i] - docs_.k_offset;
+    return {std::clamp<int64_t>(ds, 0, hi), hi};
+  }
+
+ private:
+  Dims d_;
+  bool causal_;
+  DocumentMask docs_;
+  const int32_t* starts_ = nullptr;
+  int64_t seq_ = 0;
+};
+
 void require(const char* fn, const char* what, const Tensor& t, const Shape& s) {
   if (t.shape() != s || t.dtype() != DType::kF32)
     throw std::invalid_argument(std::string(fn) + ": " + what + " must be f32 " + shape_str(s) + ", got " +
@@ -42,10 +81,9 @@ void transpose_head(const float* src, int64_t t, int64_t row_stride, int64_t dh,
 }
 
 // Forward of queries [B, Tq] against keys [B, Tk]: every key (kNone) or keys s ≤ t (kCausal,
-// Tq == Tk). Writes out and lse.
-void forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
+// Tq == Tk), each row limited to its range. Writes out and lse (a row seeing no key: 0 and −inf).
+void forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const RowRanges& rows,
                     const Tensor& out, const Tensor& lse, float scale) {
-  const bool causal = mask == AttentionMask::kCausal;
   const int64_t group = d.hq / d.hkv, qs = d.hq * d.dh, ks = d.hkv * d.dh;
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32();
   float *op = out.f32(), *lp = lse.f32();
@@ -62,25 +100,29 @@ void forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tenso
         for (int64_t i = 0; i < d.tq; ++i) {
           const float* qi = qp + (bi * d.tq + i) * qs + h * d.dh;
           float* sp = s.data();
-          const int64_t n = causal ? i + 1 : d.tk;
-          for (int64_t j = 0; j < n; ++j) sp[j] = 0.0f;
+          const auto [j0, n] = rows(bi, i);
+          float* oi = op + (bi * d.tq + i) * qs + h * d.dh;
+          for (int64_t c = 0; c < d.dh; ++c) oi[c] = 0.0f;
+          if (j0 >= n) {  // every key of this block lies in another document
+            lp[(bi * d.hq + h) * d.tq + i] = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          for (int64_t j = j0; j < n; ++j) sp[j] = 0.0f;
           for (int64_t c = 0; c < d.dh; ++c) {
             const float qc = qi[c] * scale;
             const float* kr = kt.data() + c * d.tk;
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) sp[j] += qc * kr[j];
+            for (int64_t j = j0; j < n; ++j) sp[j] += qc * kr[j];
           }
           float mx = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, sp[j]);
+          for (int64_t j = j0; j < n; ++j) mx = std::max(mx, sp[j]);
           float sum = 0;
-          for (int64_t j = 0; j < n; ++j) {
+          for (int64_t j = j0; j < n; ++j) {
             sp[j] = std::exp(sp[j] - mx);
             sum += sp[j];
           }
           const float inv = 1.0f / sum;
-          float* oi = op + (bi * d.tq + i) * qs + h * d.dh;
-          for (int64_t c = 0; c < d.dh; ++c) oi[c] = 0.0f;
-          for (int64_t j = 0; j < n; ++j) {
+          for (int64_t j = j0; j < n; ++j) {
             const float p = sp[j] * inv;
             const float* vr = vbase + j * ks;
 #pragma omp simd
@@ -95,9 +137,8 @@ void forward_kernel(const Dims& d, const Tensor& q, const Tensor& k, const Tenso
 // Backward of forward_kernel given lse (the block's own, or the global one of context
 // parallelism): overwrites dq, dk, dv, or adds to them when `accumulate`.
 void backward_kernel(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                     AttentionMask mask, const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
+                     const RowRanges& rows, const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
                      const Tensor& dk, const Tensor& dv, bool accumulate) {
-  const bool causal = mask == AttentionMask::kCausal;
   const int64_t group = d.hq / d.hkv, qs = d.hq * d.dh, ks = d.hkv * d.dh;
   const float *qp = q.f32(), *kp = k.f32(), *vp = v.f32(), *op = out.f32(), *dop = dout.f32(), *lp = lse.f32();
   float *dqp = dq.f32(), *dkp = dk.f32(), *dvp = dv.f32();
@@ -118,17 +159,22 @@ void backward_kernel(const Dims& d, const Tensor& dout, const Tensor& q, const T
         std::fill(dva.begin(), dva.end(), 0.0f);
         for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (int64_t i = 0; i < d.tq; ++i) {
-            const int64_t row = (bi * d.tq + i) * qs + h * d.dh, n = causal ? i + 1 : d.tk;
+            const int64_t row = (bi * d.tq + i) * qs + h * d.dh;
+            const auto [j0, n] = rows(bi, i);
             const float *qi = qp + row, *doi = dop + row, *oi = op + row;
             const float li = lp[(bi * d.hq + h) * d.tq + i];
             float* pp = p.data();
             float* dsp = ds.data();
-            for (int64_t j = 0; j < n; ++j) pp[j] = 0.0f, dsp[j] = 0.0f;
+            float* dqi = dqp + row;
+            if (!accumulate)
+              for (int64_t c = 0; c < d.dh; ++c) dqi[c] = 0.0f;
+            if (j0 >= n) continue;  // no key of this block in the row's document: no gradient
+            for (int64_t j = j0; j < n; ++j) pp[j] = 0.0f, dsp[j] = 0.0f;
             for (int64_t c = 0; c < d.dh; ++c) {
               const float qc = qi[c] * scale, dc = doi[c];
               const float *kr = kt.data() + c * d.tk, *vr = vt.data() + c * d.tk;
 #pragma omp simd
-              for (int64_t j = 0; j < n; ++j) {
+              for (int64_t j = j0; j < n; ++j) {
                 pp[j] += qc * kr[j];
                 dsp[j] += dc * vr[j];  // dP = dO · Vᵀ
               }
@@ -136,14 +182,11 @@ void backward_kernel(const Dims& d, const Tensor& dout, const Tensor& q, const T
             float di = 0;  // D_i = dO_i · O_i
             for (int64_t c = 0; c < d.dh; ++c) di += doi[c] * oi[c];
 #pragma omp simd
-            for (int64_t j = 0; j < n; ++j) {
+            for (int64_t j = j0; j < n; ++j) {
               pp[j] = std::exp(pp[j] - li);
               dsp[j] = pp[j] * (dsp[j] - di);
             }
-            float* dqi = dqp + row;
-            if (!accumulate)
-              for (int64_t c = 0; c < d.dh; ++c) dqi[c] = 0.0f;
-            for (int64_t j = 0; j < n; ++j) {
+            for (int64_t j = j0; j < n; ++j) {
               const float sj = dsp[j] * scale, pj = pp[j];
               const float* kr = kbase + j * ks;
               float *dkr = dka.data() + j * d.dh, *dvr = dva.data() + j * d.dh;
@@ -169,30 +212,34 @@ void backward_kernel(const Dims& d, const Tensor& dout, const Tensor& q, const T
 }  // namespace
 
 void CpuDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                  const Tensor& lse, float scale) {
-  const Dims d = check("attention_forward", q, k, v, AttentionMask::kCausal);
-  forward_kernel(d, q, k, v, AttentionMask::kCausal, out, lse, scale);
+                                  const Tensor& lse, float scale, const DocumentMask& docs) {
+  const char* fn = "attention_forward";
+  const Dims d = check(fn, q, k, v, AttentionMask::kCausal);
+  forward_kernel(d, q, k, v, RowRanges(fn, d, AttentionMask::kCausal, docs), out, lse, scale);
 }
 
 void CpuDevice::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
-                                   const Tensor& dk, const Tensor& dv) {
-  const Dims d = check("attention_backward", q, k, v, AttentionMask::kCausal);
-  backward_kernel(d, dout, q, k, v, AttentionMask::kCausal, out, lse, scale, dq, dk, dv, /*accumulate=*/false);
+                                   const Tensor& dk, const Tensor& dv, const DocumentMask& docs) {
+  const char* fn = "attention_backward";
+  const Dims d = check(fn, q, k, v, AttentionMask::kCausal);
+  backward_kernel(d, dout, q, k, v, RowRanges(fn, d, AttentionMask::kCausal, docs), out, lse, scale, dq, dk, dv,
+                  /*accumulate=*/false);
 }
 
 void CpuDevice::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                                        const Tensor& out, const Tensor& lse, float scale) {
+                                        const Tensor& out, const Tensor& lse, float scale, const DocumentMask& docs) {
   const char* fn = "attention_block_forward";
   const Dims d = check(fn, q, k, v, mask);
   require(fn, "out", out, q.shape());
   require(fn, "lse", lse, {d.b, d.hq, d.tq});
-  forward_kernel(d, q, k, v, mask, out, lse, scale);
+  forward_kernel(d, q, k, v, RowRanges(fn, d, mask, docs), out, lse, scale);
 }
 
 void CpuDevice::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                         const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                         const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                         const DocumentMask& docs) {
   const char* fn = "attention_block_backward";
   const Dims d = check(fn, q, k, v, mask);
   for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"out", &out}, {"dq", &dq}})
@@ -200,7 +247,7 @@ void CpuDevice::attention_block_backward(const Tensor& dout, const Tensor& q, co
   require(fn, "lse", lse, {d.b, d.hq, d.tq});
   require(fn, "dk", dk, k.shape());
   require(fn, "dv", dv, k.shape());
-  backward_kernel(d, dout, q, k, v, mask, out, lse, scale, dq, dk, dv, /*accumulate=*/true);
+  backward_kernel(d, dout, q, k, v, RowRanges(fn, d, mask, docs), out, lse, scale, dq, dk, dv, /*accumulate=*/true);
 }
 
 void CpuDevice::attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {

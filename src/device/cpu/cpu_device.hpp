@@ -52,18 +52,20 @@ class CpuDevice final : public Device {
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                         float scale) override;
+                         float scale, const DocumentMask& docs = {}) override;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override;
+                          const Tensor& dv, const DocumentMask& docs = {}) override;
   /// The causal kernel above with a key length of its own and no mask or a causal diagonal
   /// (cpu_attention.cpp): one task per (batch, head) in forward, per (batch, kv head) in backward.
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                               const Tensor& out, const Tensor& lse, float scale) override;
+                               const Tensor& out, const Tensor& lse, float scale,
+                               const DocumentMask& docs = {}) override;
   void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) override;
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const DocumentMask& docs = {}) override;
   /// Mixture-of-Experts kernels (cpu_moe.cpp): one task per token row; every sum runs in a
   /// fixed order, so results do not depend on the thread count.
   void moe_router_forward(const Tensor& logits, const Tensor& bias, const MoeRouting& r, bool select,

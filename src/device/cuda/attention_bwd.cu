@@ -726,9 +726,10 @@ void require_backward_shapes(const char* fn, const Tensor& q, const Tensor& k, c
 ///         f32).
 void CudaDevice::attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& out, const Tensor& lse, float scale, const Tensor& dq,
-                                    const Tensor& dk, const Tensor& dv) {
+                                    const Tensor& dk, const Tensor& dv, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_backward";
+  refuse_document_mask(kFn, docs);
   const Dims d = check_qkv(kFn, q, k, v);
   require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");
@@ -746,9 +747,11 @@ void CudaDevice::attention_backward(const Tensor& dout, const Tensor& q, const T
 ///         bf16; lse, dq, dk, dv f32).
 void CudaDevice::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                           AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                          const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                                          const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                          const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_block_backward";
+  refuse_document_mask(kFn, docs);
   const Dims d = check_block_qkv(kFn, q, k, v, mask);
   require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");

@@ -90,6 +90,16 @@ inline Dims check_block_qkv(const char* fn, const Tensor& q, const Tensor& k, co
 }
 
 /// @throws std::invalid_argument unless t has shape s.
+/// Document masking (DocumentMask, `[model] attn_mask_type = "block_causal"`) has no CUDA
+/// kernel yet: refused here rather than computed as plain causal attention.
+/// @throws std::invalid_argument when docs is active.
+inline void refuse_document_mask(const char* fn, const DocumentMask& docs) {
+  if (docs.active())
+    throw std::invalid_argument(std::string(fn) +
+                                ": document masking ([model] attn_mask_type = \"block_causal\") is not implemented "
+                                "yet on CUDA");
+}
+
 inline void require_shape(const char* fn, const char* arg, const Tensor& t, const Shape& s) {
   if (t.shape() != s)
     throw std::invalid_argument(std::string(fn) + ": " + arg + " must be " + shape_str(s) + ", got " +

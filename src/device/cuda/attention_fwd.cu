@@ -436,9 +436,10 @@ __global__ void __launch_bounds__(256)
 /// @throws std::invalid_argument on inconsistent shapes (see attn::check_qkv; out like q, lse
 ///         [B, Hq, T]) or dtypes (q, k, v, out one of f32 / bf16; lse f32).
 void CudaDevice::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                                   const Tensor& lse, float scale) {
+                                   const Tensor& lse, float scale, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_forward";
+  refuse_document_mask(kFn, docs);
   const Dims d = check_qkv(kFn, q, k, v);
   require_shape(kFn, "out", out, q.shape());
   require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
@@ -454,9 +455,10 @@ void CudaDevice::attention_forward(const Tensor& q, const Tensor& k, const Tenso
 /// @throws std::invalid_argument on inconsistent shapes (attn::check_block_qkv; out like q, lse
 ///         [B, Hq, Tq]) or dtypes (q, k, v one of f32 / bf16; out, lse f32).
 void CudaDevice::attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                                         const Tensor& out, const Tensor& lse, float scale) {
+                                         const Tensor& out, const Tensor& lse, float scale, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_block_forward";
+  refuse_document_mask(kFn, docs);
   const Dims d = check_block_qkv(kFn, q, k, v, mask);
   require_shape(kFn, "out", out, q.shape());
   require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});

@@ -122,16 +122,17 @@ class CudaDevice final : public Device {
   void rmsnorm_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& dw) override;
   void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) override;
   void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                         float scale) override;
+                         float scale, const DocumentMask& docs = {}) override;
   void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) override;
+                          const Tensor& dv, const DocumentMask& docs = {}) override;
   /// The kernels of attention_forward (FlashAttention-2, Dao 2023; tensor cores for bf16 with
   /// Dh 64 or 128 and 16-byte aligned data) on one ring-attention block, unmasked or causal:
   /// q, k, v f32 or bf16 (one dtype); out and lse f32. @throws std::invalid_argument as
   /// Device::attention_block_forward (also for Dh odd or outside [2, 256]).
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
-                               const Tensor& out, const Tensor& lse, float scale) override;
+                               const Tensor& out, const Tensor& lse, float scale,
+                               const DocumentMask& docs = {}) override;
   /// One warp per (b, t, h) row; out, lse, out_b, lse_b f32. A row whose lse_b is −inf is left
   /// unchanged (also when lse is −inf too, as on the CPU). @throws std::invalid_argument as
   /// Device::attention_merge.
@@ -142,7 +143,8 @@ class CudaDevice final : public Device {
   /// @throws std::invalid_argument as Device::attention_block_backward.
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                 AttentionMask mask, const Tensor& out, const Tensor& lse, float scale,
-                                const Tensor& dq, const Tensor& dk, const Tensor& dv) override;
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const DocumentMask& docs = {}) override;
   /// Mixture-of-Experts kernels (moe.cu), same arithmetic as CpuDevice's (cpu_moe.cpp) and
   /// deterministic: no atomics, every sum in an order fixed by the shapes. The router kernels
   /// (forward, backward, z-loss, the balance-loss gradient) give each token row one warp, the

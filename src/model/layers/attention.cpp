@@ -8,6 +8,27 @@
 
 namespace meshtrain {
 
+std::vector<int32_t> document_starts(const int32_t* samples, int64_t n, int64_t t, int32_t eos_id) {
+  std::vector<int32_t> starts(size_t(n * t));
+  for (int64_t b = 0; b < n; ++b) {
+    const int32_t* in = samples + b * (t + 1);
+    int32_t* s = starts.data() + b * t;
+    for (int64_t p = 0; p < t; ++p) s[p] = (p == 0 || in[p - 1] == eos_id) ? int32_t(p) : s[p - 1];
+  }
+  return starts;
+}
+
+namespace {
+
+// The micro-batch's document mask (none unless attn_mask_type = "block_causal").
+DocumentMask documents(const StepContext& ctx) {
+  DocumentMask m{ctx.doc_start};
+  if (ctx.doc_start.defined()) m.host_starts = ctx.doc_start_host.data();
+  return m;
+}
+
+}  // namespace
+
 Attention::Attention(const ModelArgs& a, int layer_id, const std::string& prefix, const TensorParallel& tp)
     : name_(prefix + "attention"),
       n_heads_(a.n_heads / tp.size),
@@ -77,14 +98,14 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
   const float scale = 1.0f / std::sqrt(float(head_dim_));
   Tensor o;
   if (ctx.cp.active()) {  // the sequence is split over cp: attention crosses the group
-    CpAttentionForward f = cp_attention_forward(dev, ctx.cp, ctx.shard, ctx.batch, q, k, v, scale);
+    CpAttentionForward f = cp_attention_forward(dev, ctx.cp, ctx.shard, ctx.batch, q, k, v, scale, documents(ctx));
     o = f.out;
     saved.push(x);
     for (const Tensor& t : f.saved) saved.push(t);
   } else {
     o = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
     Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
-    dev.attention_forward(q, k, v, o, lse, scale);
+    dev.attention_forward(q, k, v, o, lse, scale, documents(ctx));
     for (const Tensor& t : {x, q, k, v, lse}) saved.push(t);
   }
   saved.push(o);
@@ -113,7 +134,7 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
     std::vector<Tensor> kept(5);
     for (size_t i = kept.size(); i-- > 0;) kept[i] = saved.pop();
     x = saved.pop();
-    CpAttentionGrads g = cp_attention_backward(dev, ctx.cp, ctx.shard, ctx.batch, kept, d_o, scale);
+    CpAttentionGrads g = cp_attention_backward(dev, ctx.cp, ctx.shard, ctx.batch, kept, d_o, scale, documents(ctx));
     dq = g.dq, dk = g.dk, dv = g.dv;
   } else {
     Tensor lse = saved.pop(), v = saved.pop(), k = saved.pop(), q = saved.pop();
@@ -121,7 +142,7 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
     dq = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
     dk = dev.empty(k.shape(), k.dtype(), MemCategory::kActivations);
     dv = dev.empty(v.shape(), v.dtype(), MemCategory::kActivations);
-    dev.attention_backward(d_o, q, k, v, o, lse, scale, dq, dk, dv);
+    dev.attention_backward(d_o, q, k, v, o, lse, scale, dq, dk, dv, documents(ctx));
   }
   // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
   Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);

@@ -46,15 +46,32 @@ Tensor pack_kv(Device& dev, const Tensor& k, const Tensor& v) {
   return kv;
 }
 
-/// Calls fn(qc, kc, mask) for each pair of a local query chunk qc and a chunk kc of the K/V block
-/// holding the global chunks `kv_chunks` that the causal mask lets attend: key chunk h before
-/// query chunk g whole (kNone), h == g as the causal diagonal, h > g not at all.
+/// Whether document masking leaves key chunk gk wholly outside the mask of query chunk gq (gk <
+/// gq): in every sample the document of gq's first token starts after gk's last token. Starts
+/// do not decrease along a sample, so the first query's start is the chunk's smallest.
+bool outside_documents(const DocumentMask& docs, int64_t batch, int64_t seq_len, int64_t c, int64_t gq, int64_t gk) {
+  if (!docs.host_starts) return false;
+  for (int64_t b = 0; b < batch; ++b)
+    if (docs.host_starts[b * seq_len + gq * c] <= gk * c + c - 1) return false;
+  return true;
+}
+
+/// Calls fn(qc, kc, mask, docs) for each pair of a local query chunk qc and a chunk kc of the K/V
+/// block holding the global chunks `kv_chunks` that the causal mask lets attend: key chunk h
+/// before query chunk g whole (kNone), h == g as the causal diagonal, h > g not at all; under
+/// document masking, h < g not when it lies wholly outside the documents of g. docs: the
+/// block's DocumentMask (the table at the two chunks' global positions).
 template <class Fn>
-void for_each_block(const SequenceShard& shard, const std::vector<int64_t>& kv_chunks, Fn&& fn) {
+void for_each_block(const SequenceShard& shard, int64_t batch, const std::vector<int64_t>& kv_chunks,
+                    const DocumentMask& docs, Fn&& fn) {
+  const int64_t c = shard.chunk_len;
   for (size_t qc = 0; qc < shard.chunks.size(); ++qc)
     for (size_t kc = 0; kc < kv_chunks.size(); ++kc) {
       const int64_t gq = shard.chunks[qc], gk = kv_chunks[kc];
-      if (gk <= gq) fn(int64_t(qc), int64_t(kc), gk == gq ? AttentionMask::kCausal : AttentionMask::kNone);
+      if (gk > gq || (gk < gq && outside_documents(docs, batch, shard.seq_len, c, gq, gk))) continue;
+      DocumentMask block = docs;
+      block.q_offset = gq * c, block.k_offset = gk * c;
+      fn(int64_t(qc), int64_t(kc), gk == gq ? AttentionMask::kCausal : AttentionMask::kNone, block);
     }
 }
 
@@ -66,12 +83,13 @@ struct Partial {
 /// Forward of this rank's query chunks against the K/V `kv` ([2, chunks·B·C·Hkv·Dh]) of the cp
 /// rank whose global chunks are `kv_chunks`, merged into `acc`; polls `overlapped` between blocks.
 void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& kv,
-                    const std::vector<int64_t>& kv_chunks, float scale, Partial& acc, InFlight* overlapped) {
+                    const std::vector<int64_t>& kv_chunks, float scale, const DocumentMask& docs, Partial& acc,
+                    InFlight* overlapped) {
   const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
-  for_each_block(shard, kv_chunks, [&](int64_t qc, int64_t kc, AttentionMask mask) {
+  for_each_block(shard, z.b, kv_chunks, docs, [&](int64_t qc, int64_t kc, AttentionMask mask, const DocumentMask& d) {
     const int64_t qo = qc * z.q_chunk(), ko = kc * z.kv_chunk();
     dev.attention_block_forward(q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask, acc.out_b,
-                                acc.lse_b, scale);
+                                acc.lse_b, scale, d);
     dev.attention_merge(acc.out.view(qs, qo), acc.lse.view({z.b, z.hq, z.c}, qc * z.b * z.hq * z.c), acc.out_b,
                         acc.lse_b);
     if (overlapped) overlapped->poll();
@@ -81,13 +99,14 @@ void forward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, con
 /// Backward counterpart: dq f32 like q; dkv f32 [2, chunks·B·C·Hkv·Dh], the gradients of `kv`.
 void backward_blocks(Device& dev, const Sizes& z, const SequenceShard& shard, const Tensor& q, const Tensor& out,
                      const Tensor& lse, const Tensor& dout, const Tensor& kv, const std::vector<int64_t>& kv_chunks,
-                     float scale, const Tensor& dq, const Tensor& dkv, std::initializer_list<InFlight*> overlapped) {
+                     float scale, const DocumentMask& docs, const Tensor& dq, const Tensor& dkv,
+                     std::initializer_list<InFlight*> overlapped) {
   const Shape qs{z.b, z.c, z.hq, z.dh}, ks{z.b, z.c, z.hkv, z.dh};
-  for_each_block(shard, kv_chunks, [&](int64_t qc, int64_t kc, AttentionMask mask) {
+  for_each_block(shard, z.b, kv_chunks, docs, [&](int64_t qc, int64_t kc, AttentionMask mask, const DocumentMask& d) {
     const int64_t qo = qc * z.q_chunk(), ko = kc * z.kv_chunk();
     dev.attention_block_backward(dout.view(qs, qo), q.view(qs, qo), kv.view(ks, ko), kv.view(ks, z.kv() + ko), mask,
                                  out.view(qs, qo), lse.view({z.b, z.hq, z.c}, qc * z.b * z.hq * z.c), scale,
-                                 dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko));
+                                 dq.view(qs, qo), dkv.view(ks, ko), dkv.view(ks, z.kv() + ko), d);
     for (InFlight* f : overlapped) f->poll();
   });
 }
@@ -116,9 +135,9 @@ InFlight ring_hop(const ContextParallel& cp, const Tensor& send, const Tensor& r
 
 CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
                                         int64_t batch, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        float scale) {
+                                        float scale, const DocumentMask& docs) {
   const Sizes z = check("cp_attention_forward", shard, batch, q, k, v);
-  if (cp.rotate == CpRotate::kUlysses) return ulysses_forward(dev, cp, shard, batch, q, k, v, scale);
+  if (cp.rotate == CpRotate::kUlysses) return ulysses_forward(dev, cp, shard, batch, q, k, v, scale, docs);
   Partial acc;
   acc.out = dev.zeros(q.shape(), DType::kF32, MemCategory::kActivations);
   acc.lse = dev.empty({z.chunks, z.b, z.hq, z.c}, DType::kF32, MemCategory::kActivations);
@@ -130,15 +149,16 @@ CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, 
     Tensor all = dev.empty({cp.size * kv.numel()}, kv.dtype(), MemCategory::kCommunication);
     wait_now(cp.comm->all_gather(kv, all), cp.stats);
     for (int64_t r = 0; r < cp.size; ++r)
-      forward_blocks(dev, z, shard, q, all.view({kv.numel()}, r * kv.numel()), chunks_of(cp, shard, r), scale, acc,
-                     nullptr);
+      forward_blocks(dev, z, shard, q, all.view({kv.numel()}, r * kv.numel()), chunks_of(cp, shard, r), scale, docs,
+                     acc, nullptr);
   } else {  // the ring
     Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
     for (int64_t s = 0; s < cp.size; ++s) {
       InFlight hop;
       if (s + 1 < cp.size)
         hop = ring_hop(cp, kv, next, kTagKv);
-      forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, acc, &hop);
+      forward_blocks(dev, z, shard, q, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size), scale, docs, acc,
+                     &hop);
       hop.finish(cp.stats);
       std::swap(kv, next);
     }
@@ -151,8 +171,8 @@ CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, 
 
 CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
                                        int64_t batch, const std::vector<Tensor>& saved, const Tensor& dout,
-                                       float scale) {
-  if (cp.rotate == CpRotate::kUlysses) return ulysses_backward(dev, cp, shard, batch, saved, dout, scale);
+                                       float scale, const DocumentMask& docs) {
+  if (cp.rotate == CpRotate::kUlysses) return ulysses_backward(dev, cp, shard, batch, saved, dout, scale, docs);
   if (saved.size() != 5) throw std::invalid_argument("cp_attention_backward: saved tensors are not forward's");
   const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
   const Sizes z = check("cp_attention_backward", shard, batch, q, k, v);
@@ -168,7 +188,7 @@ CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, c
     Tensor dall = dev.zeros({cp.size * kv.numel()}, DType::kF32, MemCategory::kCommunication);
     for (int64_t r = 0; r < cp.size; ++r)
       backward_blocks(dev, z, shard, q, out, lse, dout, all.view({kv.numel()}, r * kv.numel()),
-                      chunks_of(cp, shard, r), scale, dq, dall.view({kv.numel()}, r * kv.numel()), {});
+                      chunks_of(cp, shard, r), scale, docs, dq, dall.view({kv.numel()}, r * kv.numel()), {});
     wait_now(cp.comm->reduce_scatter(dall, dkv, ReduceOp::kSum), cp.stats);
   } else {  // the ring, with the K/V gradients travelling behind their K/V
     Tensor next = dev.empty(kv.shape(), kv.dtype(), MemCategory::kCommunication);
@@ -185,7 +205,7 @@ CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, c
         hop = ring_hop(cp, kv, next, kTagKv);
       if (s > 0) dev.fill(mine, 0.0f);
       backward_blocks(dev, z, shard, q, out, lse, dout, kv, chunks_of(cp, shard, (cp.rank - s + cp.size) % cp.size),
-                      scale, dq, s == 0 ? own : mine, {&hop, &grads});
+                      scale, docs, dq, s == 0 ? own : mine, {&hop, &grads});
       if (s > 0) {
         grads.finish(cp.stats);  // `arrived` holds the partial sum of this step's block; `sending` is free
         if (s > 1) dev.add(mine, arrived, 1.0f);

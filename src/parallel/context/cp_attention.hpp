@@ -47,20 +47,26 @@ struct CpAttentionForward {
 
 /// Attention of this rank's queries over the whole causal sequence (see the file comment).
 /// batch = B; scale = 1/sqrt(Dh). Blocking (collectives complete before it returns).
+/// docs (default none): document masking with the whole sample's table (offsets 0; the same
+/// table on every cp rank, so both sides of a chunk pair know its documents): each block reads
+/// it at its chunks' global positions, and with docs.host_starts a key chunk that ends before
+/// the document of its query chunk's first token (for every sample) is skipped whole, forward
+/// and backward. Ulysses passes it to the single-rank kernel, whose sequence is in global order.
 /// @throws std::invalid_argument on shapes that do not match the shard (or Hq, Hkv not divisible
 /// by cp under ulysses); CommError.
 CpAttentionForward cp_attention_forward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
                                         int64_t batch, const Tensor& q, const Tensor& k, const Tensor& v,
-                                        float scale);
+                                        float scale, const DocumentMask& docs = {});
 
 /// Gradients of cp_attention_forward's inputs, in the activation dtype and q's / k's shapes.
 struct CpAttentionGrads {
   Tensor dq, dk, dv;
 };
 
-/// dout like forward's out. Blocking. @throws std::invalid_argument on shapes; CommError.
+/// dout like forward's out; docs as given to forward. Blocking.
+/// @throws std::invalid_argument on shapes; CommError.
 CpAttentionGrads cp_attention_backward(Device& dev, const ContextParallel& cp, const SequenceShard& shard,
                                        int64_t batch, const std::vector<Tensor>& saved, const Tensor& dout,
-                                       float scale);
+                                       float scale, const DocumentMask& docs = {});
 
 }  // namespace meshtrain

@@ -62,14 +62,15 @@ void check_heads(const ContextParallel& cp, const Tensor& q, const Tensor& k) {
 }  // namespace
 
 CpAttentionForward ulysses_forward(Device& dev, const ContextParallel& cp, const SequenceShard& shard, int64_t batch,
-                                   const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+                                   const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                   const DocumentMask& docs) {
   check_heads(cp, q, k);
   const Tensor qh = seq_to_heads(dev, cp, shard, batch, q, MemCategory::kActivations);
   const Tensor kh = seq_to_heads(dev, cp, shard, batch, k, MemCategory::kActivations);
   const Tensor vh = seq_to_heads(dev, cp, shard, batch, v, MemCategory::kActivations);
   Tensor oh = dev.empty(qh.shape(), qh.dtype(), MemCategory::kActivations);
   Tensor lse = dev.empty({batch, qh.dim(2), shard.seq_len}, DType::kF32, MemCategory::kActivations);
-  dev.attention_forward(qh, kh, vh, oh, lse, scale);
+  dev.attention_forward(qh, kh, vh, oh, lse, scale, docs);  // the whole sequence in global order
   CpAttentionForward r;
   r.out = heads_to_seq(dev, cp, shard, batch, oh, q.dim(2), MemCategory::kActivations);
   r.saved = {qh, kh, vh, oh, lse};
@@ -77,14 +78,15 @@ CpAttentionForward ulysses_forward(Device& dev, const ContextParallel& cp, const
 }
 
 CpAttentionGrads ulysses_backward(Device& dev, const ContextParallel& cp, const SequenceShard& shard, int64_t batch,
-                                  const std::vector<Tensor>& saved, const Tensor& dout, float scale) {
+                                  const std::vector<Tensor>& saved, const Tensor& dout, float scale,
+                                  const DocumentMask& docs) {
   if (saved.size() != 5) throw std::invalid_argument("ulysses_backward: saved tensors are not forward's");
   const Tensor &qh = saved[0], &kh = saved[1], &vh = saved[2], &oh = saved[3], &lse = saved[4];
   const Tensor doh = seq_to_heads(dev, cp, shard, batch, dout, MemCategory::kCommunication);
   Tensor dqh = dev.empty(qh.shape(), qh.dtype(), MemCategory::kCommunication);
   Tensor dkh = dev.empty(kh.shape(), kh.dtype(), MemCategory::kCommunication);
   Tensor dvh = dev.empty(vh.shape(), vh.dtype(), MemCategory::kCommunication);
-  dev.attention_backward(doh, qh, kh, vh, oh, lse, scale, dqh, dkh, dvh);
+  dev.attention_backward(doh, qh, kh, vh, oh, lse, scale, dqh, dkh, dvh, docs);
   CpAttentionGrads g;
   g.dq = heads_to_seq(dev, cp, shard, batch, dqh, qh.dim(2) * cp.size, MemCategory::kActivations);
   g.dk = heads_to_seq(dev, cp, shard, batch, dkh, kh.dim(2) * cp.size, MemCategory::kActivations);

@@ -13,10 +13,12 @@ namespace meshtrain {
 /// cp_attention_forward for CpRotate::kUlysses (same contract).
 /// @throws std::invalid_argument when cp does not divide Hq and Hkv.
 CpAttentionForward ulysses_forward(Device& dev, const ContextParallel& cp, const SequenceShard& shard, int64_t batch,
-                                   const Tensor& q, const Tensor& k, const Tensor& v, float scale);
+                                   const Tensor& q, const Tensor& k, const Tensor& v, float scale,
+                                   const DocumentMask& docs = {});
 
 /// cp_attention_backward for CpRotate::kUlysses (same contract).
 CpAttentionGrads ulysses_backward(Device& dev, const ContextParallel& cp, const SequenceShard& shard, int64_t batch,
-                                  const std::vector<Tensor>& saved, const Tensor& dout, float scale);
+                                  const std::vector<Tensor>& saved, const Tensor& dout, float scale,
+                                  const DocumentMask& docs = {});
 
 }  // namespace meshtrain
