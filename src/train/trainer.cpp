@@ -461,6 +461,10 @@ void Trainer::log_start() {
   log::info("data: " + cfg_.training.dataset + ", " + std::to_string(loader_.num_samples()) + " train samples, " +
             std::to_string(val_loader_.num_samples()) + " validation samples; validation unigram entropy " +
             fmt("%.4f", unigram_) + " nats");
+  if (model_->document_mask_eos() >= 0)
+    log::info("attention: block_causal (each token attends to its own document; documents end with token " +
+              std::to_string(model_->document_mask_eos()) +
+              ", the store's eos_id); FLOPs/token and MFU count attention over the whole sample, as TorchTitan");
 }
 
 void Trainer::note_peaks() {
