@@ -135,6 +135,13 @@ ModelArgs JobConfig::resolve_model_args() const {
   if (m.z_loss_coeff) a.z_loss_coeff = *m.z_loss_coeff;
   if (m.n_dense_layers) a.n_dense_layers = *m.n_dense_layers;
   if (m.moe_layer_step) a.moe_layer_step = *m.moe_layer_step;
+  a.output_z_loss_coeff = m.output_z_loss_coeff;
+  a.loss_chunk_tokens = m.loss_chunk_tokens;
+  if (a.loss_chunk_tokens % ModelArgs::kLossChunkMultiple)
+    fail(*this, "model.loss_chunk_tokens",
+         "loss_chunk_tokens " + str(a.loss_chunk_tokens) + " is not a multiple of " + str(ModelArgs::kLossChunkMultiple) +
+             " (chunks are whole blocks of the output head's GEMMs, so chunked and unchunked losses agree bitwise); "
+             "0 = unchunked");
   if (!m.attn_type.empty()) a.attn_type = m.attn_type;
   if (!m.attn_mask_type.empty()) a.attn_mask_type = m.attn_mask_type;
   if (a.attn_type == "varlen" && a.attn_mask_type != "block_causal")  // TorchTitan's get_attention_masks

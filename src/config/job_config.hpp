@@ -45,6 +45,12 @@ struct ModelSection {
   std::optional<double> route_scale, load_balance_coeff, aux_loss_coeff, z_loss_coeff;
   std::string attn_type;       ///< sdpa | flex | varlen; "" = the flavor's
   std::string attn_mask_type;  ///< causal | block_causal; "" = the flavor's
+  /// PaLM's z-loss on the output logits, ζ · log²Z per token (Chowdhery et al. 2022, §5); 0 = off.
+  /// Not the router's z_loss_coeff above.
+  double output_z_loss_coeff = 0;
+  /// Tokens per chunk of the output head and its loss (chunked cross-entropy: logits buffer
+  /// [chunk, V_local] instead of [N, V_local]); a multiple of 256; 0 = unchunked.
+  int64_t loss_chunk_tokens = 0;
   bool operator==(const ModelSection&) const = default;
 };
 

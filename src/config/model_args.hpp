@@ -47,6 +47,12 @@ struct ModelArgs {
   double load_balance_coeff = 1e-3;  ///< auxiliary-loss-free bias step (DeepSeek-V3); 0 = off
   double aux_loss_coeff = 0;       ///< sequence-wise balance loss α (DeepSeek-V3 eq. 17); 0 = off
   double z_loss_coeff = 0;         ///< router z-loss β (ST-MoE eq. 5); 0 = off
+  // ---- output head and loss (model/layers/embedding.hpp, OutputHead) ----
+  double output_z_loss_coeff = 0;  ///< PaLM's z-loss ζ·log²Z on the output logits (PaLM §5); 0 = off
+  int64_t loss_chunk_tokens = 0;   ///< tokens per head/loss chunk (chunked cross-entropy); 0 = unchunked
+  /// loss_chunk_tokens must be a multiple of this (the CPU device's head GEMM block, so chunked
+  /// and unchunked runs multiply the same row blocks and agree bitwise).
+  static constexpr int64_t kLossChunkMultiple = 256;
   int64_t n_dense_layers = 0;      ///< the first n blocks keep the dense FFN (DeepSeek-V3's first_k_dense)
   int64_t moe_layer_step = 1;      ///< after those, block i is MoE when i % step == step − 1 (Llama 4's interleave step)
 

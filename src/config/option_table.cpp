@@ -231,11 +231,26 @@ std::vector<Option> build_option_table() {
                "auxiliary-loss-free balancing (DeepSeek-V3): per-expert bias step per optimizer step; 0 = off", F, 0.0);
     s.optional("aux_loss_coeff", &ModelSection::aux_loss_coeff,
                "sequence-wise balance loss coefficient (DeepSeek-V3 eq. 17); 0 = off", F, 0.0);
-    s.optional("z_loss_coeff", &ModelSection::z_loss_coeff, "router z-loss coefficient (ST-MoE); 0 = off", F, 0.0);
+    s.optional("z_loss_coeff", &ModelSection::z_loss_coeff,
+               "MoE router z-loss coefficient (ST-MoE eq. 5, on the router's logits; output_z_loss_coeff is the output "
+               "head's); 0 = off",
+               F, 0.0);
     s.optional("n_dense_layers", &ModelSection::n_dense_layers,
                "the first n blocks keep the dense FFN (ffn_hidden_dim wide)", F, 0);
     s.optional("moe_layer_step", &ModelSection::moe_layer_step,
                "after the dense ones, block i is MoE when i % moe_layer_step == moe_layer_step - 1 (1 = all)", F, 1);
+    s.real("output_z_loss_coeff", &ModelSection::output_z_loss_coeff,
+           "PaLM's z-loss on the output logits (Chowdhery et al. 2022, section 5): output_z_loss_coeff * log(Z)^2 "
+           "per token, Z = sum exp(logits), added to the training loss and its gradient and reported as z_loss in "
+           "metrics.jsonl (loss stays the plain cross-entropy); PaLM uses 1e-4; 0 = off (the MoE router's is "
+           "z_loss_coeff)",
+           0.0);
+    s.integer("loss_chunk_tokens", &ModelSection::loss_chunk_tokens,
+              "chunked cross-entropy: the output head's GEMMs and the loss run over chunks of this many tokens, so "
+              "the logits buffer is [chunk, vocab / tp] instead of [tokens, vocab / tp]; backward recomputes each "
+              "chunk's logits (one more head GEMM); a multiple of 256, losses and gradients bitwise equal to the "
+              "unchunked head on CPU; 0 = unchunked",
+              0);
   }
   {
     Section<OptimizerSection> s{o, "optimizer", &JobConfig::optimizer};

@@ -280,10 +280,18 @@ class Device {
   /// lse[n] = M + log Σ_p s_p·exp(m_p − M) with M = max_p m_p, and returns
   /// Σ_n (lse[n] − Σ_p target_p[n]) in nats (fp64, fixed order: identical on every rank).
   virtual double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) = 0;
-  /// Step 3: dlogits [N, V_local] = grad_scale · (exp(logit − lse[n]) − onehot(target)) over
-  /// this shard's columns; dlogits may alias logits.
+  /// Step 3: dlogits [N, V_local] = grad_scale · ((1 + 2·z_loss_coeff·lse[n])·exp(logit − lse[n])
+  /// − onehot(target)) over this shard's columns; dlogits may alias logits. The z_loss_coeff term
+  /// is the gradient of PaLM's auxiliary loss z_loss_coeff · lse² (Chowdhery et al. 2022, §5):
+  /// ∂(lse²)/∂logit = 2·lse·softmax. With z_loss_coeff = 0 the factor is exactly 1.
   virtual void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
-                                  const Tensor& dlogits, float grad_scale) = 0;
+                                  const Tensor& dlogits, float grad_scale, float z_loss_coeff) = 0;
+  /// Rows per output-head GEMM on this device (model/layers/embedding.cpp, OutputHead): the head
+  /// multiplies and accumulates its weight gradient in blocks of this many tokens, anchored at
+  /// the first token, so that chunked cross-entropy ([model] loss_chunk_tokens, a multiple of it)
+  /// runs exactly the GEMMs of the unchunked path and is bitwise equal to it. 0 = one GEMM per
+  /// chunk (devices where bitwise equality is not promised: cuBLAS picks its own split of K).
+  virtual int64_t head_gemm_rows() const { return 0; }
 
   // ---- optimizer and reductions ----
   /// One AdamW step on flat tensors of equal numel (param, grad, exp_avg, exp_avg_sq).

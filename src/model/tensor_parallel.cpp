@@ -33,23 +33,12 @@ Tensor tp_exit(Device& dev, const TensorParallel& tp, const Tensor& partial) {
   return shard;
 }
 
+int64_t tp_loss_shards(const TensorParallel& tp) { return tp.active() && tp.loss_parallel ? tp.size : 1; }
+
 namespace {
 
-double vocab_parallel_ce(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
-                         int64_t vocab_start, int64_t vocab_size, const Tensor& dlogits, float grad_scale) {
-  const int64_t n = logits.dim(0);
-  Tensor stats = dev.empty({n, 3}, DType::kF32, MemCategory::kTemporaries);
-  dev.cross_entropy_partial(logits, targets, vocab_start, vocab_size, stats);
-  Tensor all = dev.empty({tp.size, n, 3}, DType::kF32, MemCategory::kTemporaries);
-  tp.comm->all_gather(stats, all)->wait();
-  Tensor lse = dev.empty({n}, DType::kF32, MemCategory::kTemporaries);
-  const double loss = dev.cross_entropy_combine(all, lse);
-  if (dlogits.defined()) dev.cross_entropy_grad(logits, targets, vocab_start, lse, dlogits, grad_scale);
-  return loss;
-}
-
-double gathered_ce(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
-                   int64_t vocab_size, const Tensor& dlogits, float grad_scale) {
+// The full logits [c, V] of a chunk from every rank's column slab (loss_parallel off).
+Tensor gather_logits(Device& dev, const TensorParallel& tp, const Tensor& logits, int64_t vocab_size) {
   // Every rank sends ⌈V/tp⌉ columns (the last slab may be narrower), so the gather is even.
   const int64_t n = logits.dim(0), per = chunk_range(vocab_size, tp.size, 0).second;
   Tensor send = dev.empty({n, per}, logits.dtype(), MemCategory::kTemporaries);
@@ -61,21 +50,50 @@ double gathered_ce(Device& dev, const TensorParallel& tp, const Tensor& logits, 
     const auto [first, count] = chunk_range(vocab_size, tp.size, r);
     dev.copy_columns(full, first, all.view({n, per}, r * n * per), 0, count);
   }
-  const double loss = dev.cross_entropy(full, targets, dlogits.defined() ? full : Tensor(), grad_scale);
-  if (dlogits.defined()) {
-    const auto [first, count] = chunk_range(vocab_size, tp.size, tp.rank);
-    dev.copy_columns(dlogits, 0, full, first, count);
-  }
-  return loss;
+  return full;
 }
 
 }  // namespace
 
+void tp_cross_entropy_stats(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
+                            int64_t vocab_start, int64_t vocab_size, const Tensor& stats, int64_t row0,
+                            const Tensor& lse) {
+  const int64_t c = logits.dim(0), p = stats.dim(0), n = stats.dim(1);
+  if (p != tp_loss_shards(tp) || row0 < 0 || row0 + c > n)
+    throw std::invalid_argument("tp_cross_entropy_stats: stats [" + std::to_string(p) + ", " + std::to_string(n) +
+                                ", 3] cannot hold rows [" + std::to_string(row0) + ", " + std::to_string(row0 + c) +
+                                ") of " + std::to_string(tp_loss_shards(tp)) + " shards");
+  if (p == 1) {
+    // One shard of statistics: the single-rank kernel on the whole vocabulary (gathered when tp
+    // splits it). With P = 1, combine's Σ s·exp(m − m) is s·1 exactly, so lse = m + log s is
+    // bitwise Device::cross_entropy's.
+    Tensor rows = stats.view({c, 3}, row0 * 3);
+    if (tp.active())
+      dev.cross_entropy_partial(gather_logits(dev, tp, logits, vocab_size), targets, 0, vocab_size, rows);
+    else
+      dev.cross_entropy_partial(logits, targets, vocab_start, vocab_size, rows);
+    dev.cross_entropy_combine(stats.view({1, c, 3}, row0 * 3), lse);
+    return;
+  }
+  Tensor mine = dev.empty({c, 3}, DType::kF32, MemCategory::kTemporaries);
+  dev.cross_entropy_partial(logits, targets, vocab_start, vocab_size, mine);
+  // The chunk's [P, c, 3] triples; copied into the stats' P slabs unless they are the whole N.
+  Tensor all = c == n ? stats : dev.empty({p, c, 3}, DType::kF32, MemCategory::kTemporaries);
+  tp.comm->all_gather(mine, all)->wait();
+  dev.cross_entropy_combine(all, lse);
+  if (c != n)
+    for (int64_t r = 0; r < p; ++r) dev.copy(stats.view({c, 3}, (r * n + row0) * 3), all.view({c, 3}, r * c * 3));
+}
+
 double tp_cross_entropy(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_start, int64_t vocab_size, const Tensor& dlogits, float grad_scale) {
-  if (!tp.active()) return dev.cross_entropy(logits, targets, dlogits, grad_scale);
-  if (tp.loss_parallel) return vocab_parallel_ce(dev, tp, logits, targets, vocab_start, vocab_size, dlogits, grad_scale);
-  return gathered_ce(dev, tp, logits, targets, vocab_size, dlogits, grad_scale);
+  const int64_t n = logits.dim(0);
+  Tensor stats = dev.empty({tp_loss_shards(tp), n, 3}, DType::kF32, MemCategory::kTemporaries);
+  Tensor lse = dev.empty({n}, DType::kF32, MemCategory::kTemporaries);
+  tp_cross_entropy_stats(dev, tp, logits, targets, vocab_start, vocab_size, stats, 0, lse);
+  const double loss = dev.cross_entropy_combine(stats, lse);
+  if (dlogits.defined()) dev.cross_entropy_grad(logits, targets, vocab_start, lse, dlogits, grad_scale, 0.0f);
+  return loss;
 }
 
 }  // namespace meshtrain

@@ -53,4 +53,21 @@ Tensor tp_exit(Device& dev, const TensorParallel& tp, const Tensor& partial);
 double tp_cross_entropy(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
                         int64_t vocab_start, int64_t vocab_size, const Tensor& dlogits, float grad_scale);
 
+/// Shards P of the loss statistics the output head keeps per token: tp.size under the
+/// vocab-parallel loss (one (max, Σexp, target logit) triple per vocabulary shard), else 1.
+int64_t tp_loss_shards(const TensorParallel& tp);
+
+/// The forward half of tp_cross_entropy for one chunk of rows (chunked cross-entropy, OutputHead):
+/// logits [c, V_local] (vocabulary columns [vocab_start, vocab_start + V_local)), targets i32 [c].
+/// Writes the chunk's statistics into rows [row0, row0 + c) of stats [P, N, 3] (P =
+/// tp_loss_shards; rank order) and lse [c] (f32, nats) = log Σ_v exp(logit) over the whole
+/// vocabulary. Once every chunk is in, Device::cross_entropy_combine(stats, lse [N]) returns
+/// Σ_n CE in one fixed-order sum over all N rows, so the loss does not depend on the chunking;
+/// Device::cross_entropy_grad(logits, targets, vocab_start, lse, ...) gives the gradient from the
+/// local logits alone (no second collective). Collective over tp (every rank calls it with the
+/// same c and row0). @throws std::out_of_range for a target outside the vocabulary; CommError.
+void tp_cross_entropy_stats(Device& dev, const TensorParallel& tp, const Tensor& logits, const Tensor& targets,
+                            int64_t vocab_start, int64_t vocab_size, const Tensor& stats, int64_t row0,
+                            const Tensor& lse);
+
 }  // namespace meshtrain

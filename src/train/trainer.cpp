@@ -25,6 +25,7 @@
 #include "metrics/step_profiler.hpp"
 #include "metrics/tensorboard_writer.hpp"
 #include "metrics/throughput.hpp"
+#include "model/layers/embedding.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
 #include "optim/lr_schedule.hpp"
@@ -488,17 +489,21 @@ StepResult Trainer::train_step(int64_t step) {
   if (pipelined_) static_cast<PipelineRuntime&>(*schedule_).take_recv_wait_seconds();
   cp_stats_ = {};
   model_->zero_grad();
-  double loss_sum = schedule_->run(step);
+  OutputHead* head = model_->units().empty() ? nullptr : dynamic_cast<OutputHead*>(model_->units().back());
+  if (head) head->reset_z_loss_sum();  // validation forwards add to it too
+  double sums[2] = {schedule_->run(step), 0.0};  // Σ CE, Σ ζ·log²Z (only the last stage's are non-zero)
+  if (head) sums[1] = head->z_loss_sum();
   sync.finish_gradients();
   reduce_tp_partial_grads(dev, *pc_.tp, sync.local_shards());
   if (pipelined_)  // the tied embedding's two copies get the same gradient (before the norm)
     sum_tied_embedding_grads(dev, *model_, sync.local_shards(), *pc_.pp_device, plan_.schedule.rank_of(0),
                              plan_.schedule.rank_of(plan_.schedule.num_stages() - 1));
   loader_.advance(global_batch_);
-  pc_.loss->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);
-  if (pipelined_) pc_.pp->all_reduce_host(&loss_sum, 1, ReduceOp::kSum);  // only the last stage's is non-zero
+  pc_.loss->all_reduce_host(sums, 2, ReduceOp::kSum);
+  if (pipelined_) pc_.pp->all_reduce_host(sums, 2, ReduceOp::kSum);  // only the last stage's are non-zero
   StepResult r;
-  r.loss = loss_sum / double(global_batch_ * seq_len_);
+  r.loss = sums[0] / double(global_batch_ * seq_len_);
+  r.z_loss = sums[1] / double(global_batch_ * seq_len_);
   r.grad_norm = grad_norm(dev, sync, pc_.tp, &shard_terms_, pipelined_ ? pc_.pp : nullptr);
   // Nothing is applied before every rank agrees the step is finite (the same collective
   // carries the preemption flag); a non-finite step beyond skip_nonfinite_steps throws here.
@@ -576,6 +581,7 @@ void Trainer::log_step(int64_t step, const StepResult& r) {
                    {"tflops_per_rank", tp.tflops_per_rank}, {"mfu", tp.mfu}, {"step_time_s", dt},
                    {"comm_wait_s", comm_wait}, {"comm_bytes", r.comm_bytes}, {"memory_peak_bytes", int64_t(peak_all)},
                    {"memory_reserved_bytes", mem.reserved_bytes}, {"eta_s", eta}});
+  if (args_.output_z_loss_coeff > 0) metrics_->write({{"step", step}, {"z_loss", r.z_loss}});
   if (pipelined_) {
     const std::vector<int64_t> peaks(per_stage.begin(), per_stage.begin() + dims_.pp);
     const std::vector<double> waits(per_stage.begin() + dims_.pp, per_stage.begin() + 2 * dims_.pp);

@@ -72,6 +72,9 @@ struct StepResult {
   nlohmann::json comm_bytes;  ///< bytes sent per mesh dimension and collective kind in the step
   double moe_aux_loss = 0;    ///< MoE sequence-wise balance loss (included in loss; 0 when off)
   double moe_z_loss = 0;      ///< MoE router z-loss (included in loss; 0 when off)
+  /// PaLM's z-loss on the output logits, [model] output_z_loss_coeff · mean log²Z per target
+  /// token (nats; in the gradient, not in loss, so loss stays the plain cross-entropy).
+  double z_loss = 0;
 };
 
 class Trainer {

@@ -22,31 +22,13 @@
 #include "parallel/tp_gather.hpp"
 #include "parallel/tp_grads.hpp"
 #include "tiny_model.hpp"
+#include "mpi/tp_setup.hpp"
 
 using namespace meshtrain;
 
 namespace {
 
-// The tp group of `size` ranks this rank belongs to (consecutive world ranks, as the layout
-// places tp innermost).
-std::unique_ptr<MpiCommunicator> tp_group(const MpiCommunicator& world, int size) {
-  return world.split(world.rank() / size, world.rank(), "tp");
-}
-
-// One test's tp group of `size` ranks, its context and a CPU device.
-struct TpSetup {
-  MpiCommunicator world{MPI_COMM_WORLD, "world"};
-  std::unique_ptr<MpiCommunicator> comm;
-  TensorParallel tp;
-  std::unique_ptr<Device> dev = make_device("cpu", 1);
-  TpSetup(int size, bool sequence_parallel, bool loss_parallel) : comm(tp_group(world, size)) {
-    tp.comm = comm.get();
-    tp.size = comm->size();
-    tp.rank = comm->rank();
-    tp.sequence_parallel = sequence_parallel;
-    tp.loss_parallel = loss_parallel;
-  }
-};
+using testing::TpSetup;
 
 Tensor upload(Device& dev, const std::vector<float>& host, const Shape& shape) {
   Tensor t = dev.empty(shape, DType::kF32, MemCategory::kTemporaries);

@@ -8,3 +8,15 @@ meshtrain_test(test_safetensors_export SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_
 meshtrain_test(test_weight_grad_queue SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_weight_grad_queue.cpp LIBS meshtrain_model)
 meshtrain_test(test_moe SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_moe.cpp LIBS meshtrain_model)
 meshtrain_test(test_gemm_plan_cache SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_gemm_plan_cache.cpp LIBS meshtrain_device)
+# The output head with PaLM's z-loss, unchunked and chunked (256 of 600 tokens), against an
+# independent float64 PyTorch formula (validation/check_z_loss.py): loss, z-loss, dx, dnorm, dW.
+add_executable(dump_output_head ${CMAKE_CURRENT_SOURCE_DIR}/dump_output_head.cpp)
+target_link_libraries(dump_output_head PRIVATE meshtrain_model nlohmann_json::nlohmann_json)
+set_target_properties(dump_output_head PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+foreach(chunk 0 256)
+  set(dump ${PROJECT_BINARY_DIR}/tests/output_head_chunk${chunk})
+  add_test(NAME validation_torch_z_loss_chunk${chunk}
+    COMMAND sh -c "mkdir -p ${dump} && $<TARGET_FILE:dump_output_head> ${dump} --chunk ${chunk} --zeta 0.05 && ${MESHTRAIN_PYTHON} ${PROJECT_SOURCE_DIR}/validation/check_z_loss.py ${dump} --tol 1e-5")
+  set_tests_properties(validation_torch_z_loss_chunk${chunk} PROPERTIES TIMEOUT 120 LABELS validation
+    ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endforeach()

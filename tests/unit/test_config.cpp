@@ -419,3 +419,19 @@ BOOST_AUTO_TEST_CASE(moe_tp_split_rules_cover_the_shared_experts_only) {
   const std::string e = error_of(kBase, shared, 2);
   BOOST_TEST(has(e, "[model] num_shared_experts: num_shared_experts × moe_inter_dim 1 leaves tp rank 1 of 2 nothing"), e);
 }
+
+// The output head's z-loss and chunked cross-entropy: bad values stop the run naming the key.
+BOOST_AUTO_TEST_CASE(output_z_loss_and_loss_chunk_rules_name_their_key) {
+  const std::vector<std::string> shard1 = {"--parallelism.data_parallel_shard_degree=1"};
+  auto with = [&](std::string o) { return std::vector<std::string>{o, shard1[0]}; };
+  BOOST_TEST(load(kBase, with("--model.loss_chunk_tokens=512")).validate(1).tp == 1);
+  BOOST_TEST(load(kBase, with("--model.output_z_loss_coeff=1e-4")).model_args().output_z_loss_coeff == 1e-4);
+  std::string e = error_of(kBase, with("--model.output_z_loss_coeff=-0.1"));
+  BOOST_TEST(has(e, "[model] output_z_loss_coeff: value -0.1 is out of range (must be >= 0)"), e);
+  e = error_of(kBase, with("--model.loss_chunk_tokens=-256"));
+  BOOST_TEST(has(e, "[model] loss_chunk_tokens: value -256 is out of range (must be >= 0)"), e);
+  e = error_of(kBase, with("--model.loss_chunk_tokens=300"));
+  BOOST_TEST(has(e, "[model] loss_chunk_tokens: loss_chunk_tokens 300 is not a multiple of 256"), e);
+  // The router's z-loss keeps its own key and meaning.
+  BOOST_TEST(load(kBase, with("--model.z_loss_coeff=1e-3")).model_args().output_z_loss_coeff == 0.0);
+}

@@ -88,7 +88,11 @@ class CpuDevice final : public Device {
                              const Tensor& stats) override;
   double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) override;
   void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
-                          const Tensor& dlogits, float grad_scale) override;
+                          const Tensor& dlogits, float grad_scale, float z_loss_coeff) override;
+  /// 256 tokens: about OpenBLAS's own K block, so the blocked weight-gradient GEMMs cost little more
+  /// than one GEMM over every token.
+  int64_t head_gemm_rows() const override { return kHeadGemmRows; }
+  static constexpr int64_t kHeadGemmRows = 256;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
              const AdamWParams& p) override;
   double sum_squares(const Tensor& x) override;

@@ -111,7 +111,7 @@ double CpuDevice::cross_entropy_combine(const Tensor& stats_all, const Tensor& l
 }
 
 void CpuDevice::cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                   const Tensor& lse, const Tensor& dlogits, float grad_scale) {
+                                   const Tensor& lse, const Tensor& dlogits, float grad_scale, float z_loss_coeff) {
   const int64_t n = logits.dim(0), v = logits.dim(1);
   const float *lp = logits.f32(), *lsep = lse.f32();
   const int32_t* tp = targets.i32();
@@ -121,8 +121,10 @@ void CpuDevice::cross_entropy_grad(const Tensor& logits, const Tensor& targets, 
     const float* x = lp + i * v;
     float* g = dp + i * v;
     const float l = lsep[i];
+    // (1 + 2ζ·lse)·softmax: the z-loss term of the row (exactly grad_scale when ζ = 0).
+    const float p_scale = grad_scale * (1.0f + 2.0f * z_loss_coeff * l);
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) g[j] = grad_scale * std::exp(x[j] - l);
+    for (int64_t j = 0; j < v; ++j) g[j] = p_scale * std::exp(x[j] - l);
     const int64_t col = int64_t(tp[i]) - vocab_start;
     if (col >= 0 && col < v) g[col] -= grad_scale;
   }

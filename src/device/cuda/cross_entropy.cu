@@ -75,12 +75,12 @@ __device__ __forceinline__ void row_max_sumexp(const T* row, int64_t nvec, float
 /// one vector (onehot = −1 or out of range: no subtraction).
 template <class T, int VEC>
 __device__ __forceinline__ void store_softmax_grad(T* g, int64_t c, const float (&x)[VEC], float lse,
-                                                   float grad_scale, int64_t onehot) {
+                                                   float grad_scale, int64_t onehot, float p_scale) {
   float o[VEC];
   const int64_t rel = onehot - c * VEC;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    o[i] = grad_scale * exp_diff(x[i], lse);
+    o[i] = p_scale * exp_diff(x[i], lse);
     if (i == rel) o[i] -= grad_scale;
   }
   store_vec<T, VEC>(g + c * VEC, o);
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kCeThreads)
       T* g = dlogits + r * v;
       const int64_t onehot = ok ? tgt : -1;
       row_foreach<T, VEC>(x, nvec, [&](int64_t c, const float (&xv)[VEC]) {
-        store_softmax_grad<T, VEC>(g, c, xv, lse, grad_scale, onehot);
+        store_softmax_grad<T, VEC>(g, c, xv, lse, grad_scale, onehot, grad_scale);
       });
     }
   }
@@ -173,15 +173,17 @@ __global__ void cross_entropy_combine_kernel(const float* __restrict__ st, int64
 template <class T, int VEC>
 __global__ void __launch_bounds__(kCeThreads)
     cross_entropy_grad_kernel(const T* logits, const int32_t* __restrict__ targets, int64_t vocab_start,
-                              const float* __restrict__ lse, T* dlogits, int64_t n, int64_t v, float grad_scale) {
+                              const float* __restrict__ lse, T* dlogits, int64_t n, int64_t v, float grad_scale,
+                              float z_loss_coeff) {
   const int64_t nvec = v / VEC;
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int64_t col = int64_t(targets[r]) - vocab_start;
     const int64_t onehot = col >= 0 && col < v ? col : -1;
     const float l = lse[r];
+    const float p_scale = grad_scale * (1.0f + 2.0f * z_loss_coeff * l);  // PaLM's z-loss: ∂(ζ·lse²) = 2ζ·lse·softmax
     T* g = dlogits + r * v;
     row_foreach<T, VEC>(logits + r * v, nvec, [&](int64_t c, const float (&xv)[VEC]) {
-      store_softmax_grad<T, VEC>(g, c, xv, l, grad_scale, onehot);
+      store_softmax_grad<T, VEC>(g, c, xv, l, grad_scale, onehot, p_scale);
     });
   }
 }
@@ -309,11 +311,12 @@ double CudaDevice::cross_entropy_combine(const Tensor& stats_all, const Tensor& 
   return host_scratch_[0];
 }
 
-/// Step 3: dlogits [N, V_local] (logits' dtype, may alias logits) = grad_scale · (e^(x − lse[n])
-/// − onehot(target − vocab_start)) over this shard's columns; lse f32 [N]. Targets outside the
-/// shard get no onehot. @throws std::invalid_argument on shapes or dtypes.
+/// Step 3: dlogits [N, V_local] (logits' dtype, may alias logits) = grad_scale · ((1 + 2ζ·lse[n])·
+/// e^(x − lse[n]) − onehot(target − vocab_start)) over this shard's columns, ζ = z_loss_coeff
+/// (PaLM's z-loss); lse f32 [N]. Targets outside the shard get no onehot.
+/// @throws std::invalid_argument on shapes or dtypes.
 void CudaDevice::cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
-                                    const Tensor& lse, const Tensor& dlogits, float grad_scale) {
+                                    const Tensor& lse, const Tensor& dlogits, float grad_scale, float z_loss_coeff) {
   constexpr const char* k = "cross_entropy_grad";
   check_logits(k, logits, targets, &dlogits);
   require_defined(dlogits, k, "dlogits");
@@ -329,10 +332,11 @@ void CudaDevice::cross_entropy_grad(const Tensor& logits, const Tensor& targets,
     constexpr int V = kVec<T>;
     if (vec)
       cross_entropy_grad_kernel<T, V><<<ce_grid(n), ce_threads(v / V), 0, compute_>>>(
-          x, targets.i32(), vocab_start, lse.f32(), g, n, v, grad_scale);
+          x, targets.i32(), vocab_start, lse.f32(), g, n, v, grad_scale, z_loss_coeff);
     else
       cross_entropy_grad_kernel<T, 1><<<ce_grid(n), ce_threads(v), 0, compute_>>>(x, targets.i32(), vocab_start,
-                                                                                   lse.f32(), g, n, v, grad_scale);
+                                                                                   lse.f32(), g, n, v, grad_scale,
+                                                                                   z_loss_coeff);
     MT_CUDA_LAUNCH("cross_entropy_grad_kernel");
   });
 }

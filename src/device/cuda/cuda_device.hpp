@@ -180,7 +180,7 @@ class CudaDevice final : public Device {
                              const Tensor& stats) override;
   double cross_entropy_combine(const Tensor& stats_all, const Tensor& lse) override;
   void cross_entropy_grad(const Tensor& logits, const Tensor& targets, int64_t vocab_start, const Tensor& lse,
-                          const Tensor& dlogits, float grad_scale) override;
+                          const Tensor& dlogits, float grad_scale, float z_loss_coeff) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
              const AdamWParams& p) override;
   void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) override;
