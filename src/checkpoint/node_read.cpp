@@ -21,7 +21,7 @@ constexpr uint64_t kWindow = uint64_t(256) << 20;  // file bytes per round: boun
 constexpr uint64_t kRequest = uint64_t(8) << 20;   // one pread at most
 constexpr uint64_t kGap = uint64_t(1) << 20;       // read across a hole this small rather than seek
 constexpr int kTag = 0x4d54;
-constexpr size_t kDepth = 4;                       // requests read ahead of the one being sent
+constexpr size_t kDepth = 8;                       // requests read ahead of the one being sent
 
 struct Op {
   uint64_t begin, end;
@@ -152,20 +152,11 @@ struct Block {
   uint64_t bytes;
 };
 
-// An MPI datatype (absolute addresses: use with MPI_BOTTOM) covering `blocks` in order.
-MPI_Datatype blocks_type(const std::vector<Block>& blocks) {
-  std::vector<int> lens;
-  std::vector<MPI_Aint> addrs;
-  for (const Block& b : blocks) {
-    MPI_Aint a;
-    MPI_Get_address(b.addr, &a);
-    lens.push_back(int(b.bytes));  // at most one request (kRequest) per block
-    addrs.push_back(a);
-  }
-  MPI_Datatype t;
-  MPI_Type_create_hindexed(int(blocks.size()), lens.data(), addrs.data(), MPI_BYTE, &t);
-  MPI_Type_commit(&t);
-  return t;
+// The bytes of `blocks`, back to back.
+uint64_t total_bytes(const std::vector<Block>& blocks) {
+  uint64_t n = 0;
+  for (const Block& b : blocks) n += b.bytes;
+  return n;
 }
 
 // Waits for `req` testing every 50 µs rather than spinning in MPI_Wait: a receiving rank has
@@ -231,7 +222,7 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     MPI_Gatherv(pairs.data(), count, MPI_UINT64_T, all.data(), counts.data(), displs.data(), MPI_UINT64_T, 0, node_);
     // The reading rank plans the requests over the union of the node's extents and tells the
     // node, so that every rank knows which of its bytes each request's message carries and can
-    // receive them straight into place (a derived datatype over its destinations: no staging).
+    // receive them straight into place.
     std::vector<Op> ops;
     std::vector<std::vector<FileExtent>> lists(nodes);
     if (reader()) {
@@ -251,17 +242,23 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     MPI_Bcast(ops.data(), int(2 * n_ops), MPI_UINT64_T, 0, node_);
     if (!reader()) {
       ExtentCursor cur{&clip};
+      std::vector<char> staging;
       for (const Op& op : ops) {
         std::vector<Block> blocks;
         cur.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
           blocks.push_back({e.dst + (from - e.offset), n});
         });
         if (blocks.empty()) continue;
-        MPI_Datatype t = blocks_type(blocks);
+        // One run (the common case: FSDP shards are whole rows) lands in place; several are
+        // unpacked. A contiguous buffer lets the transport copy once (CMA, for large messages),
+        // where a derived datatype would go through its fragment pipeline.
+        const uint64_t n = total_bytes(blocks);
+        if (blocks.size() > 1) staging.resize(n);
         MPI_Request req;
-        MPI_Irecv(MPI_BOTTOM, 1, t, 0, kTag, node_, &req);
-        MPI_Type_free(&t);
+        MPI_Irecv(blocks.size() > 1 ? staging.data() : blocks[0].addr, int(n), MPI_BYTE, 0, kTag, node_, &req);
         wait_politely(req);
+        for (size_t b = 0, at = 0; b < blocks.size() && blocks.size() > 1; at += blocks[b].bytes, ++b)
+          std::memcpy(blocks[b].addr, staging.data() + at, blocks[b].bytes);
       }
       continue;
     }
@@ -284,6 +281,8 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
         if (pieces == 1 && at) direct[k] = at;
       }
     }
+    // Packed messages of request k live in packed[k % 2] until its sends complete (one request later).
+    std::vector<std::vector<char>> packed[2] = {std::vector<std::vector<char>>(nodes), std::vector<std::vector<char>>(nodes)};
     std::vector<MPI_Request> pending, sending;
     RingReader ring(fd, ops, direct, path);
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -298,10 +297,17 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
           else if (!direct[k]) std::memcpy(e.dst + (from - e.offset), buf + (from - op.begin), n);
         });
         if (blocks.empty()) continue;
-        MPI_Datatype t = blocks_type(blocks);
+        const char* from = blocks[0].addr;
+        const uint64_t n = total_bytes(blocks);
+        if (blocks.size() > 1) {  // packed, as the receiver unpacks (see there)
+          std::vector<char>& out = packed[k % 2][r];
+          out.resize(n);
+          for (size_t b = 0, at = 0; b < blocks.size(); at += blocks[b].bytes, ++b)
+            std::memcpy(out.data() + at, blocks[b].addr, blocks[b].bytes);
+          from = out.data();
+        }
         sending.emplace_back();
-        MPI_Isend(MPI_BOTTOM, 1, t, int(r), kTag, node_, &sending.back());
-        MPI_Type_free(&t);  // freed once the send completes
+        MPI_Isend(from, int(n), MPI_BYTE, int(r), kTag, node_, &sending.back());
       }
       MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
       if (k > 0) ring.release(k - 1);

@@ -265,10 +265,6 @@ std::vector<ChecksumRecord> read_checksum_records(hid_t file, const std::string&
 
 namespace {
 
-std::string checksum_key(const std::string& dataset, const std::vector<hsize_t>& start, const std::vector<hsize_t>& count) {
-  return dataset + "\t" + join(start) + "\t" + join(count);
-}
-
 void check_shard_hash(const ChecksumRecord& r, const float* data, size_t n, const std::string& path) {
   const std::string got = shard_hash_hex(data, n);
   if (r.xxh3_hex != got)
@@ -488,20 +484,17 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   MPI_Comm_size(world, &size);
   Handle file{-1, H5Fclose};
   std::vector<ChecksumRecord> records;
-  std::vector<int> verified;  // per /checksums record: 1 once a rank has read and hashed exactly that hyperslab
+  std::vector<int> verified;  // per /checksums record: 1 once a node reader has hashed it from the stream
   std::vector<float> host;
   // Where each planned read lands: the tensor, the host bytes (the tensor itself, or staging).
   struct LandedRead {
     Tensor dst;
     char* host;
-    std::string name;
-    std::vector<hsize_t> start, count;
   };
   std::vector<LandedRead> reads;
   std::vector<std::vector<float>> staged;
   std::vector<FileExtent> extents;
   uint64_t file_size = 0;
-  std::unordered_map<std::string, size_t> by_key;  // checksum_key → index in records
   try {
     // Every rank opens the file read-only on its own (no collective requirements on reads). A
     // missing or non-HDF5 file becomes our message, not HDF5's error stack.
@@ -548,7 +541,6 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     records = read_checksum_records(file.id, path);
     if (model_only)  // the optimizer state is not read, so its records are not verified either
       std::erase_if(records, [](const ChecksumRecord& r) { return r.dataset.rfind("/optimizer/", 0) == 0; });
-    for (size_t i = 0; i < records.size(); ++i) by_key.emplace(checksum_key(records[i].dataset, records[i].start, records[i].count), i);
     verified.assign(records.size(), 0);
     auto open_checked = [&](const std::string& name, const Parameter& p) {
       Handle ds{-1, H5Dclose};
@@ -594,7 +586,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
         staged.emplace_back(size_t(r.dst.numel()));
         dst = reinterpret_cast<char*>(staged.back().data());
       }
-      reads.push_back({r.dst, dst, r.name, start, count});
+      reads.push_back({r.dst, dst});
       for (const FileExtent& e : box_extents(base, std::vector<hsize_t>(r.p->shape.begin(), r.p->shape.end()), start, count, dst))
         extents.push_back(e);
     }
@@ -606,31 +598,33 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   int failed = error.empty() ? 0 : 1;
   MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, world);
   if (!failed) try {
-      // A read that is exactly a written shard (always so when resuming on the writer's layout)
-      // is verified from the bytes read. The others (an elastic restart splits shards
-      // differently) are hashed by each node's reader as the bytes stream past, so the
-      // checkpoint is read once either way.
-      std::vector<int> exact(records.size(), 0);
-      for (const LandedRead& r : reads)
-        if (const auto it = by_key.find(checksum_key(r.name, r.start, r.count)); it != by_key.end()) exact[it->second] = 1;
-      MPI_Allreduce(MPI_IN_PLACE, exact.data(), checked_int_count(int64_t(exact.size()), path + ": /checksums records"),
-                    MPI_INT, MPI_MAX, world);
+      // Each node's reader hashes every record whose bytes stream past it whole, as they pass
+      // (a streaming XXH3 per record, fed while the next requests are read from disk), whatever
+      // layout wrote the shards and whatever layout reads them: the checkpoint is read once.
       NodeReader node(world);
       std::vector<size_t> streamed;  // records the node's reader hashes
       std::unique_ptr<StreamVerifier> verifier;
       if (node.reader()) {
         std::vector<ChecksumRecord> recs;
         std::vector<std::vector<FileExtent>> runs;
+        std::unordered_map<std::string, std::pair<haddr_t, std::vector<hsize_t>>> where;  // dataset → offset, dims
         for (size_t i = 0; i < records.size(); ++i) {
-          if (exact[i]) continue;
-          Handle ds{-1, H5Dclose};
-          H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, records[i].dataset.c_str(), H5P_DEFAULT); }
-          H5E_END_TRY;
-          const haddr_t base = ds.id < 0 ? HADDR_UNDEF : H5Dget_offset(ds.id);
+          auto it = where.find(records[i].dataset);
+          if (it == where.end()) {
+            Handle ds{-1, H5Dclose};
+            H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, records[i].dataset.c_str(), H5P_DEFAULT); }
+            H5E_END_TRY;
+            std::vector<hsize_t> dims;
+            const haddr_t base = ds.id < 0 ? HADDR_UNDEF : H5Dget_offset(ds.id);
+            if (base != HADDR_UNDEF) {
+              Handle space{H5Dget_space(ds.id), H5Sclose};
+              dims.resize(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
+              H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+            }
+            it = where.emplace(records[i].dataset, std::make_pair(base, dims)).first;
+          }
+          const auto& [base, dims] = it->second;
           if (base == HADDR_UNDEF) continue;  // left to the re-read below, which names the problem
-          Handle space{H5Dget_space(ds.id), H5Sclose};
-          std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
-          H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
           try {
             runs.push_back(box_extents(base, dims, records[i].start, records[i].count, nullptr));
           } catch (const std::invalid_argument&) {
@@ -645,14 +639,8 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                                                                   verifier->observe(o, d, n);
                                                                 })
                                                               : ChunkObserver());
-      for (const LandedRead& r : reads) {
-        const size_t n = size_t(r.dst.numel());
-        if (const auto it = by_key.find(checksum_key(r.name, r.start, r.count)); it != by_key.end()) {
-          check_shard_hash(records[it->second], reinterpret_cast<const float*>(r.host), n, path);
-          verified[it->second] = 1;
-        }
-        if (!dev.host_address(r.dst)) dev.upload(r.dst, r.host, n * sizeof(float));
-      }
+      for (const LandedRead& r : reads)
+        if (!dev.host_address(r.dst)) dev.upload(r.dst, r.host, size_t(r.dst.numel()) * sizeof(float));
       if (verifier) {
         const std::vector<int> ok = verifier->finish(path);
         for (size_t k = 0; k < streamed.size(); ++k) verified[streamed[k]] |= ok[k];

@@ -116,9 +116,11 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 
 /// Reads `path` into the current layout: every local shard's parameter and AdamW-state
 /// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's
-/// whole tp slab), and AdamW's step count. Every /checksums record is verified: from the bytes
-/// just read when a rank's read is exactly that shard (resuming on the writer's layout reads the
-/// file once), otherwise by a re-read dealt round-robin over `world`. Collective over `world`.
+/// whole tp slab), and AdamW's step count. The bytes travel through one sequential stream per
+/// node (NodeReader, node_read.hpp). Every /checksums record is verified: by its node's reader
+/// from the bytes streaming past (StreamVerifier), whatever layouts wrote and read it, so the file
+/// is read once; a record no reader saw whole is re-read, dealt round-robin over `world`.
+/// Collective over `world`.
 /// Returns the train state. With `model_only` ([checkpoint] initial_load_model_only) only the
 /// parameters (and MoE selection biases) are read and verified: the optimizer state, its step
 /// count and the records of /optimizer are left alone, and a model-only checkpoint is accepted.

@@ -3,7 +3,8 @@
 
 1. Hugging Face folders written by the independent PyTorch reference (validation/write_hf_model.py,
    its own safetensors writer): Llama 3 in bfloat16 over two files with model.safetensors.index.json,
-   Qwen3 (q/k norm, tied embeddings) in float16. Loaded on 1 rank and on TP 2 x FSDP 2, the first
+   Qwen3 (q/k norm, tied embeddings) in float16. Loaded on 1 rank and on TP 2 x FSDP 2 (Llama
+   also on DDP 2 x CP 2: replicated parameters, context parallelism), the first
    training step's loss equals the reference's float64 loss to 1e-5 relative, and the reference
    shows that a loader which skipped the rotary permutation would miss by more than 10x that.
 2. Export -> import round trip: a model trained on one layout saves its last step as a Hugging Face
@@ -34,6 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WRITER = os.path.join(ROOT, "validation", "write_hf_model.py")
 P = "--parallelism."
 TP2_FSDP2 = (4, [P + "tensor_parallel_degree=2"])
+DDP2_CP2 = (4, [P + "data_parallel_replicate_degree=2", P + "data_parallel_shard_degree=1",
+                P + "context_parallel_degree=2"])
 
 QWEN3 = ["--model.name=qwen3", "--model.qk_norm=true", "--model.tie_word_embeddings=true", "--model.head_dim=16",
          "--model.ffn_hidden_dim=128"]
@@ -82,7 +85,8 @@ def main():
         miss = abs(ref["loss_unpermuted"] - ref["loss"]) / ref["loss"]
         ok(f"{name}: a loader without the q/k permutation would miss the reference loss by {miss:.1e} (> 1e-4)",
            miss > 1e-4)
-        for ranks, layout in ((1, []), TP2_FSDP2):
+        layouts = [(1, []), TP2_FSDP2] + ([DDP2_CP2] if name == "llama" else [])
+        for ranks, layout in layouts:
             folder = os.path.join(a.out, f"ref_{name}_{ranks}")
             res = train(a, folder, ranks, ["--training.steps=1", "--checkpoint.initial_load_in_hf=true",
                                            f"--checkpoint.initial_load_path={hf}"] + deck + layout, data=store)
