@@ -37,7 +37,10 @@ struct Setup {
     sdp.init_weights(3);
     opt = std::make_unique<AdamW>(sdp.local_shards(), *dev, ocfg);
     dir = (std::filesystem::temp_directory_path() / "meshtrain_test_checkpoint_nonfinite").string();
-    if (world.rank() == 0) std::filesystem::create_directories(dir);
+    if (world.rank() == 0) {  // a fresh folder: files an earlier run (or test case) left would pass as new
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+    }
     world.barrier();
   }
 
