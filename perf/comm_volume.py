@@ -98,7 +98,7 @@ with C' = 1 when full activation checkpointing recomputes the blocks (their forw
 again), else 0 (backward reuses the forward's counts). The logged tokens per expert
 (moe_tokens_per_expert) must equal the same positional routing summed over the step's sequences.
 
-usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--steps 3]
+usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--variants-ranks 4] [--steps 3]
            [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--local-batch 2]
            [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain] [--timeout S]
 """
@@ -129,6 +129,11 @@ ALIGN = 16
 # data-parallel degrees of a TP layout multiply to N / tp; tp-only (tp = N) raises n_heads /
 # n_kv_heads to tp where tp does not divide them (head_overrides). cp (context_parallel_degree)
 # and rotate (context_parallel_rotate_method): the degrees then multiply to N with cp.
+# Layouts that change one knob of a base layout of the same family; the base layouts (ddp, zero1,
+# zero2, fsdp, hsdp, tp, tp-only, tp-hsdp, pp, pp-fsdp, pp-tp) carry the scaling with N.
+VARIANTS = {"ddp-ga2", "zero1-ga2", "zero2-ga2", "fsdp-ga2", "fsdp-never", "hsdp-ga2", "tp-nosp", "tp-noloss", "tp-ga2",
+            "tp-zero2", "tp-ddp", "tp-ac", "tp-nosp-sac", "tp-uneven"}
+
 LAYOUTS = {
     "ddp": ("N", 1, None, 1, None),
     "ddp-ga2": ("N", 1, None, 2, None),
@@ -575,6 +580,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 8])
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    p.add_argument("--variants-ranks", type=int, nargs="+",
+                   help="run the variant layouts (one knob changed from a base layout: accumulation, reshard never, "
+                        "tp without sp / loss parallel, under ZeRO-2 / DDP, with AC, uneven splits) only at these "
+                        "rank counts; the base layouts keep every --ranks (default: variants at every --ranks)")
     p.add_argument("--steps", type=int, default=3, help="steps per run (>= 3: the last one is compared)")
     p.add_argument("--deck", default=os.path.join(ROOT, "tests/equivalence/tiny.toml"))
     p.add_argument("--decks", nargs="+", default=["tiny"], choices=["tiny", "tied", "debug", "qwen3"],
@@ -602,6 +611,8 @@ def main():
                 R, S, zero, M, reshard, tp = resolve(layout, n)
                 T, P, CP = tp.get("tp", 1), tp.get("pp", 1), tp.get("cp", 1)
                 if R * S * T * P * CP != n or ("hsdp" in layout and S < 2) or n not in tp.get("ranks", (n,)):
+                    continue
+                if args.variants_ranks and layout in VARIANTS and n not in args.variants_ranks:
                     continue
                 if P > 1 and deck_name != "tiny":
                     continue  # tied embeddings under pp add the embedding-group exchange; not modelled
