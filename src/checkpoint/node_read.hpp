@@ -3,12 +3,13 @@
 /// node — the two-phase idea of collective MPI-IO (ROMIO's aggregators), with the node's first
 /// rank as the aggregator. Every rank lists the byte ranges it wants; the node's first rank
 /// gathers the node's lists, reads their union front to back in requests of up to 8 MiB
-/// (ranges less than 1 MiB apart are read as one, a second thread keeps the next requests in
+/// (ranges less than 1 MiB apart are read as one; two reader threads keep up to 8 requests in
 /// flight), and sends each rank its bytes, in offset order. The disk then sees one large
 /// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
 /// of row-sized requests per rank; ranks that want the same bytes (DDP, ZeRO-1/2) share one read.
-/// The work goes in windows of the file (256 MiB), so the memory it needs is bounded by the
-/// window, not by the rank's share.
+/// The work goes in windows of the file (256 MiB), so the reader's bookkeeping is bounded by the
+/// window; the destinations themselves are the caller's (load_checkpoint reads into the tensors on
+/// host-memory devices, and stages a GPU rank's whole share in host memory before uploading it).
 #include <mpi.h>
 
 #include <cstdint>
