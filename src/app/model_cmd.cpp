@@ -61,7 +61,8 @@ void print_json(const ModelArgs& m, int64_t seq_len) {
       {"rope_theta", m.rope_theta}, {"use_rope_scaling", m.use_rope_scaling},
       {"rope_scaling_factor", m.rope_scaling_factor}, {"rope_low_freq_factor", m.rope_low_freq_factor},
       {"rope_high_freq_factor", m.rope_high_freq_factor}, {"rope_original_max_seq_len", m.rope_original_max_seq_len},
-      {"qk_norm", m.qk_norm}, {"tie_word_embeddings", m.tie_word_embeddings}, {"parameters", m.num_params()},
+      {"qk_norm", m.qk_norm}, {"tie_word_embeddings", m.tie_word_embeddings},
+      {"attn_type", m.attn_type}, {"attn_mask_type", m.attn_mask_type}, {"parameters", m.num_params()},
       {"embedding_parameters", m.num_embedding_params()}, {"matmul_parameters", m.matmul_params()},
       {"seq_len", seq_len}, {"flops_per_token", m.flops_per_token(seq_len)},
       {"flops_per_token_without_tied_output", m.flops_per_token_without_tied_output(seq_len)},
@@ -113,9 +114,13 @@ void print_text(const ModelArgs& m, int64_t seq_len) {
   if (m.num_experts > 0)
     std::printf("  active matmul parameters %lld (%s)\n", ll(m.active_matmul_params()),
                 human(double(m.active_matmul_params())).c_str());
-  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·N_matmul + 12·L·H·Dh·T%s, no causal discount; MFU "
-              "uses it)\n",
-              ll(seq_len), m.flops_per_token(seq_len), m.num_experts > 0 ? " with the active N_matmul" : "");
+  if (m.attn_mask_type != "causal" || m.attn_type != "sdpa")
+    std::printf("  attention: attn_mask_type %s, attn_type %s%s\n", m.attn_mask_type.c_str(), m.attn_type.c_str(),
+                m.attn_mask_type == "block_causal" ? " (each token attends to its own document only)" : "");
+  std::printf("  training FLOPs per token at seq_len %lld: %.4g (6·N_matmul + 12·L·H·Dh·T%s, no causal discount%s; "
+              "MFU uses it)\n",
+              ll(seq_len), m.flops_per_token(seq_len), m.num_experts > 0 ? " with the active N_matmul" : "",
+              m.attn_mask_type == "block_causal" ? " nor document-mask discount, as TorchTitan" : "");
   if (m.tie_word_embeddings)
     std::printf("  without the tied output projection: %.4g (6·(N − N_emb) + 12·L·H·Dh·T, TorchTitan's count for tied "
                 "models; %.1f%% lower)\n",
@@ -165,11 +170,20 @@ int cmd_model(int argc, char** argv) {
     if (std::find(names.begin(), names.end(), name) == names.end())
       throw ConfigError("meshtrain model info: unknown model '" + name + "' (models: " + join(names) + ")");
     if (flavor.empty()) throw ConfigError("meshtrain model info: --flavor needed (" + name + ": " + join(model_flavors(name)) + ")");
+    // Resolved as a deck's [model] name / flavor would be, so TorchTitan's attention flavors
+    // (8B_flex, debugmodel_varlen_attn, ...: a shape of the table with block_causal) work here too.
+    JobConfig cfg;
+    cfg.model.name = name;
+    cfg.model.flavor = flavor;
     try {
-      m = model_flavor(name, flavor);
-    } catch (const std::out_of_range&) {
+      m = cfg.model_args();
+    } catch (const ConfigError&) {
       throw ConfigError("meshtrain model info: unknown flavor '" + flavor + "' of " + name + " (flavors: " +
-                        join(model_flavors(name)) + ")");
+                        join(model_flavors(name)) +
+                        (name == "llama3" ? "; TorchTitan's debugmodel_flex_attn, debugmodel_varlen_attn, 8B_flex, "
+                                            "8B_varlen"
+                                          : "") +
+                        ")");
     }
   }
   if (seq_len < 0) seq_len = 8192;  // the published models' training context
