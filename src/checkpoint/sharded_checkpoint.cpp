@@ -98,7 +98,7 @@ void die_if_injected(MPI_Comm world, int64_t step) {
   if (rank == size - 1) std::_Exit(9);
 }
 
-std::string state_name(const Parameter& p, const char* which) { return "/optimizer/" + p.name + "/" + which; }
+std::string state_name(const Parameter& p, const std::string& which) { return "/optimizer/" + p.name + "/" + which; }
 
 std::string join(const std::vector<hsize_t>& v) {
   std::string out;
@@ -312,12 +312,13 @@ void shard_hyperslab(const Parameter& p, int64_t first_elem, int64_t n, std::vec
   start[0] += hsize_t(p.sharding.ep_first);  // an expert-parallel rank's experts (0 otherwise)
 }
 
-CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const AdamW& opt,
+CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const Optimizer& opt,
                                    const TrainState& state, const CheckpointRole& role, const CheckpointMeta& meta) {
   CheckpointSnapshot snap;
   snap.args = model.args();
   snap.state = state;
   snap.meta = meta;
+  snap.meta.optimizer = opt.name();
   // Every rank creates every dataset, also those of parameters it does not hold (pipeline
   // stages): the catalog lists the whole model from its arguments. Each parameter's value and
   // moments are created one after the other, the order load_checkpoint's reads follow.
@@ -326,7 +327,7 @@ CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<L
     const Parameter& p = e.meta;
     snap.datasets.emplace_back("/model/" + p.name, p.shape);
     if (meta.model_only) continue;
-    for (const char* which : {"exp_avg", "exp_avg_sq"}) snap.datasets.emplace_back(state_name(p, which), p.shape);
+    for (const std::string& which : opt.state_names(p)) snap.datasets.emplace_back(state_name(p, which), p.shape);
   }
   for (const std::string& name : expert_bias_names(snap.args)) snap.datasets.emplace_back(name, Shape{snap.args.num_experts});
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -340,8 +341,9 @@ CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<L
     shard_hyperslab(*ls.param, ls.first_elem, n, start, count);
     snap.shards.push_back({"/model/" + ls.param->name, start, count, ls.value, {}, {}});
     if (meta.model_only) continue;
-    snap.shards.push_back({state_name(*ls.param, "exp_avg"), start, count, opt.exp_avg().view({n}, opt.offset(i)), {}, {}});
-    snap.shards.push_back({state_name(*ls.param, "exp_avg_sq"), start, count, opt.exp_avg_sq().view({n}, opt.offset(i)), {}, {}});
+    const std::vector<std::string> names = opt.state_names(*ls.param);
+    const std::vector<Tensor> states = opt.state_of(i);
+    for (size_t k = 0; k < names.size(); ++k) snap.shards.push_back({state_name(*ls.param, names[k]), start, count, states[k], {}, {}});
   }
   return snap;
 }
@@ -370,7 +372,7 @@ void stage_checkpoint(CheckpointSnapshot& snap, MPI_Comm world, const std::strin
 }
 
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                     const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
+                     const std::vector<LocalShard>& shards, const Optimizer& opt, const TrainState& state,
                      const CheckpointRole& role, const CheckpointMeta& meta) {
   write_checkpoint(path, world, plan_checkpoint(model, shards, opt, state, role, meta), &dev);
 }
@@ -398,6 +400,7 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
       h5::write_attr(g.id, "meshtrain_version", std::string(MESHTRAIN_VERSION), path);
       h5::write_attr(g.id, "seq_len", meta.seq_len, path);
       h5::write_attr(g.id, "model_only", int64_t(meta.model_only), path);
+      h5::write_attr(g.id, "optimizer", snap.meta.optimizer, path);
       Handle args{H5Gcreate2(g.id, "model_args", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
       write_model_args(args.id, snap.args, path);
     }
@@ -476,7 +479,7 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 }
 
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                           const std::vector<LocalShard>& shards, AdamW& opt, bool model_only) {
+                           const std::vector<LocalShard>& shards, Optimizer& opt, bool model_only) {
   TrainState state;
   std::string error;
   int rank = 0, size = 1;
@@ -509,6 +512,11 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (!model_only && h5::read_int_attr(g.id, "model_only", path))
         h5::fail(path, "a model-only checkpoint ([checkpoint] last_save_model_only) has no optimizer state to resume "
                        "training from; set [checkpoint] load_step to an earlier step, or export it");
+      const std::string saved_by = H5Aexists(g.id, "optimizer") > 0 ? h5::read_string_attr(g.id, "optimizer", path) : "AdamW";
+      if (!model_only && saved_by != opt.name())
+        h5::fail(path, "holds " + saved_by + " state but [optimizer] name is " + opt.name() +
+                           ": resume with the optimizer that saved it, or start from its weights only with "
+                           "[checkpoint] initial_load_path and initial_load_model_only = true");
     }
     {
       Handle g{H5Gopen2(file.id, "/train_state", H5P_DEFAULT), H5Gclose};
@@ -569,8 +577,10 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     for (size_t i = 0; i < shards.size() && !model_only; ++i) {
       const LocalShard& ls = shards[i];
       const int64_t n = ls.value.numel();
-      plan.push_back({state_name(*ls.param, "exp_avg"), ls.param, opt.exp_avg().view({n}, opt.offset(i)), ls.first_elem});
-      plan.push_back({state_name(*ls.param, "exp_avg_sq"), ls.param, opt.exp_avg_sq().view({n}, opt.offset(i)), ls.first_elem});
+      if (n == 0) continue;
+      const std::vector<std::string> names = opt.state_names(*ls.param);
+      const std::vector<Tensor> states = opt.state_of(i);
+      for (size_t k = 0; k < names.size(); ++k) plan.push_back({state_name(*ls.param, names[k]), ls.param, states[k], ls.first_elem});
     }
     std::erase_if(plan, [](const Read& r) { return r.dst.numel() == 0; });
     // Each read becomes the byte runs of its hyperslab in the (contiguous) dataset, landing in the

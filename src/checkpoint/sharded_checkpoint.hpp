@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "model/transformer.hpp"
-#include "optim/adamw.hpp"
+#include "optim/optimizer.hpp"
 #include "parallel/grad_sync.hpp"
 
 namespace meshtrain {
@@ -53,6 +53,9 @@ struct CheckpointMeta {
   /// Parameters only, no optimizer state ([checkpoint] last_save_model_only, final save): for
   /// export and evaluation; resuming training from it is refused.
   bool model_only = false;
+  /// Optimizer::name() of the run; plan_checkpoint sets it. A checkpoint without the attribute
+  /// (written before Muon existed) holds AdamW state.
+  std::string optimizer = "AdamW";
 };
 
 /// Writes `path` collectively over `world` (every rank calls it): /meta, /train_state, and the
@@ -64,7 +67,7 @@ struct CheckpointMeta {
 /// @throws CheckpointError naming the file (on every rank: the outcome is agreed over `world`),
 /// NonFiniteError (every rank) when a value about to be written is NaN or inf: the .tmp is deleted.
 void save_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                     const std::vector<LocalShard>& shards, const AdamW& opt, const TrainState& state,
+                     const std::vector<LocalShard>& shards, const Optimizer& opt, const TrainState& state,
                      const CheckpointRole& role, const CheckpointMeta& meta);
 
 /// One hyperslab a rank writes: `dataset`'s elements {start, count} (global indices), whose
@@ -94,7 +97,7 @@ struct CheckpointSnapshot {
 /// The snapshot of the current state without copying anything: the datasets and this rank's
 /// hyperslabs (sources are views of LocalShard::value and `opt`'s moments; `role` and tied
 /// copies as in save_checkpoint). Local (no communication).
-CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const AdamW& opt,
+CheckpointSnapshot plan_checkpoint(const Transformer& model, const std::vector<LocalShard>& shards, const Optimizer& opt,
                                    const TrainState& state, const CheckpointRole& role, const CheckpointMeta& meta);
 
 /// Copies every planned hyperslab of `snap` to host memory (Device::download), hashes the copy
@@ -129,7 +132,7 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 /// a missing dataset, a parameter of another global shape (another model), an unreadable
 /// hyperslab, a failed checksum.
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
-                           const std::vector<LocalShard>& shards, AdamW& opt, bool model_only = false);
+                           const std::vector<LocalShard>& shards, Optimizer& opt, bool model_only = false);
 
 /// Collective over `world`: when any rank's `local_error` is non-empty, every rank throws
 /// CheckpointError with the lowest such rank's message (prefixed with `path` unless it starts

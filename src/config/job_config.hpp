@@ -56,11 +56,20 @@ struct ModelSection {
 
 /// [optimizer]
 struct OptimizerSection {
-  std::string name = "AdamW";   ///< only AdamW (decoupled weight decay, Loshchilov & Hutter 2019)
-  double lr = 8e-4;
+  std::string name = "AdamW";   ///< AdamW (Loshchilov & Hutter 2019) or Muon (optim/muon.hpp)
+  double lr = 8e-4;             ///< peak lr (Muon: of the matrices; AdamW's group too unless adamw_lr)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double weight_decay = 0.1;
   bool decay_embeddings_and_norms = false;  ///< apply weight decay to embeddings and norm weights too
+  // Muon (name = "Muon"), Megatron-Core's names.
+  double muon_momentum = 0.95;
+  bool muon_use_nesterov = true;
+  int64_t muon_num_ns_steps = 5;
+  std::string muon_scale_mode = "spectral";  ///< spectral | shape_scaling | unit_rms_norm
+  double muon_extra_scale_factor = 0.2;      ///< 0.2 with spectral: Moonlight's AdamW-RMS match
+  std::optional<double> adamw_lr;            ///< Muon's AdamW group (embeddings, head, norms); unset: lr
+  std::optional<double> adamw_weight_decay;  ///< unset: weight_decay
+  bool operator==(const OptimizerSection&) const = default;
 };
 
 /// [lr_scheduler]: linear warmup, a stable phase, then decay over the last decay_ratio of steps.

@@ -255,15 +255,38 @@ std::vector<Option> build_option_table() {
   {
     Section<OptimizerSection> s{o, "optimizer", &JobConfig::optimizer};
     s.str("name", &OptimizerSection::name,
-          "optimizer: AdamW (decoupled weight decay, Loshchilov & Hutter 2019); \"Adam\" is not implemented yet",
-          {"AdamW", "Adam"});
-    s.real("lr", &OptimizerSection::lr, "peak learning rate", 0.0, true);
+          "optimizer: AdamW (decoupled weight decay, Loshchilov & Hutter 2019), or Muon (Newton-Schulz "
+          "orthogonalized momentum for the hidden weight matrices, Jordan et al. 2024; AdamW for the embedding, the "
+          "output head and the norms); \"Adam\" is not implemented yet",
+          {"AdamW", "Muon", "Adam"});
+    s.real("lr", &OptimizerSection::lr, "peak learning rate (Muon: of the matrices, and of its AdamW group unless "
+           "adamw_lr)", 0.0, true);
     s.real("beta1", &OptimizerSection::beta1, "AdamW first-moment decay", 0.0, false, 1.0, true);
     s.real("beta2", &OptimizerSection::beta2, "AdamW second-moment decay", 0.0, false, 1.0, true);
     s.real("eps", &OptimizerSection::eps, "AdamW epsilon added to the root of the second moment", 0.0, true);
     s.real("weight_decay", &OptimizerSection::weight_decay, "decoupled weight decay (multiplied by lr)", 0.0);
     s.boolean("decay_embeddings_and_norms", &OptimizerSection::decay_embeddings_and_norms,
               "also decay the embedding and the norm weights (off: matrices only)");
+    s.real("muon_momentum", &OptimizerSection::muon_momentum,
+           "Muon: momentum mu of M <- mu*M + (1-mu)*G (Megatron-Core's muon_momentum)", 0.0, false, 1.0, true);
+    s.boolean("muon_use_nesterov", &OptimizerSection::muon_use_nesterov,
+              "Muon: orthogonalize the Nesterov direction (1-mu)*G + mu*M instead of M");
+    s.integer("muon_num_ns_steps", &OptimizerSection::muon_num_ns_steps,
+              "Muon: Newton-Schulz iterations (quintic coefficients 3.4445, -4.7750, 2.0315)", 1, 20);
+    s.str("muon_scale_mode", &OptimizerSection::muon_scale_mode,
+          "Muon: update scale s(m, n) of an [m, n] matrix: spectral sqrt(max(m, n)), shape_scaling "
+          "sqrt(max(1, m/n)), unit_rms_norm sqrt(m/n); times muon_extra_scale_factor",
+          {"spectral", "shape_scaling", "unit_rms_norm"});
+    s.real("muon_extra_scale_factor", &OptimizerSection::muon_extra_scale_factor,
+           "Muon: factor on the update scale; 0.2 with spectral is Moonlight's match of AdamW's update RMS (Liu et "
+           "al. 2025), so AdamW's lr and weight_decay carry over",
+           0.0, true);
+    s.optional("adamw_lr", &OptimizerSection::adamw_lr,
+               "Muon: peak lr of the AdamW group (embedding, output head, norms); the schedule scales it like lr",
+               "(lr)", 0.0, true);
+    s.optional("adamw_weight_decay", &OptimizerSection::adamw_weight_decay,
+               "Muon: weight decay of the AdamW group (norms and embeddings still need decay_embeddings_and_norms)",
+               "(weight_decay)", 0.0);
   }
   {
     Section<LrSchedulerSection> s{o, "lr_scheduler", &JobConfig::lr_scheduler};

@@ -246,9 +246,11 @@ Table build_table() {
 
   t.in("optimizer");
   t.shared("name", "\"AdamW\"",
-           {"\"AdamW\": honoured; \"Adam\": refused (not implemented yet)", [](const OptionValue& v) {
+           {"\"AdamW\", \"Muon\": honoured (Muon: meshtrain's distributed Muon with an AdamW group); \"Adam\": "
+            "refused (not implemented yet)",
+            [](const OptionValue& v) {
               return v.text == "Adam" ? refused_v("Adam (weight decay added to the gradient) is not implemented yet; "
-                                                  "AdamW is")
+                                                  "AdamW and Muon are")
                                       : honoured_v();
             }});
   t.shared("lr", "0.0008");

@@ -19,6 +19,18 @@ AdamW::AdamW(const std::vector<LocalShard>& shards, Device& dev, const Optimizer
   v_ = dev.zeros({std::max<int64_t>(total, 1)}, DType::kF32, MemCategory::kOptimizer);
 }
 
+const std::string& AdamW::name() const {
+  static const std::string n = "AdamW";
+  return n;
+}
+
+std::vector<std::string> AdamW::state_names(const Parameter&) const { return {"exp_avg", "exp_avg_sq"}; }
+
+std::vector<Tensor> AdamW::state_of(size_t shard) const {
+  const int64_t n = shards_.at(shard).value.numel();
+  return {m_.view({n}, offsets_.at(shard)), v_.view({n}, offsets_.at(shard))};
+}
+
 void AdamW::step(float lr) {
   ++t_;
   AdamWParams p;

@@ -6,21 +6,26 @@
 #include <vector>
 
 #include "config/job_config.hpp"
+#include "optim/optimizer.hpp"
 #include "parallel/grad_sync.hpp"
 
 namespace meshtrain {
 
-class AdamW {
+class AdamW final : public Optimizer {
  public:
   /// Allocates zeroed state for every shard of `shards` (which must outlive the optimizer).
-  /// Weight decay applies to matrices; norms and embeddings are exempt unless
-  /// decay_embeddings_and_norms.
+  /// Weight decay (cfg.weight_decay) applies to matrices; norms and embeddings are exempt
+  /// unless decay_embeddings_and_norms.
   AdamW(const std::vector<LocalShard>& shards, Device& dev, const OptimizerSection& cfg);
+  const std::string& name() const override;
   /// One update with learning rate `lr` (already scheduled); increments the step count t.
-  void step(float lr);
-  int64_t step_count() const { return t_; }
+  void step(float lr) override;
+  int64_t step_count() const override { return t_; }
   /// Restores the step count t of a checkpoint (bias corrections continue from it).
-  void set_step_count(int64_t t) { t_ = t; }
+  void set_step_count(int64_t t) override { t_ = t; }
+  /// {"exp_avg", "exp_avg_sq"} for every parameter.
+  std::vector<std::string> state_names(const Parameter& p) const override;
+  std::vector<Tensor> state_of(size_t shard) const override;
   /// State buffers [Σ align16(shard elements)]; the state of shard i starts at offset(i).
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }

@@ -30,7 +30,7 @@ std::string checkpoint_file(const std::string& path) {
 }  // namespace
 
 std::optional<InitialLoad> load_initial_checkpoint(const JobConfig& cfg, MPI_Comm world, Device& dev, Transformer& model,
-                                                   const std::vector<LocalShard>& shards, AdamW& opt) {
+                                                   const std::vector<LocalShard>& shards, Optimizer& opt) {
   const CheckpointSection& c = cfg.checkpoint;
   InitialLoad out;
   out.path = c.initial_load_path.empty() && c.initial_load_in_hf ? cfg.model.hf_assets_path : c.initial_load_path;

@@ -36,6 +36,6 @@ struct InitialLoad {
 /// reverse), a config.json that disagrees with [model] (the field, its value, the deck's), a
 /// missing or misshapen tensor, a failed checksum.
 std::optional<InitialLoad> load_initial_checkpoint(const JobConfig& cfg, MPI_Comm world, Device& dev, Transformer& model,
-                                                   const std::vector<LocalShard>& shards, AdamW& opt);
+                                                   const std::vector<LocalShard>& shards, Optimizer& opt);
 
 }  // namespace meshtrain

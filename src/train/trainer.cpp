@@ -28,6 +28,7 @@
 #include "model/layers/embedding.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
+#include "optim/muon.hpp"
 #include "optim/lr_schedule.hpp"
 #include "parallel/composed_sync.hpp"
 #include "parallel/data_parallel.hpp"
@@ -303,7 +304,21 @@ void Trainer::build_model() {
     execs_.push_back(std::make_unique<Executor>(model_->units(), model_->block_index(), ac));
   }
   for (auto& e : execs_) e->set_hooks(hooks_.get());
-  opt_ = std::make_unique<AdamW>(sync_->local_shards(), dev, cfg_.optimizer);
+  if (cfg_.optimizer.name == "Muon") {
+    // Muon gathers each matrix from the ranks holding its rows: the sharding group of the
+    // strategy that holds the parameter (efsdp for routed experts, fsdp for the rest), none
+    // when parameters are replicated (DDP).
+    MuonComms mc;
+    if (sharded_) {
+      Communicator* fsdp = pc_.fsdp;
+      Communicator* efsdp = dims_.ep > 1 ? pc_.efsdp : pc_.fsdp;
+      mc.shard_group = [fsdp, efsdp](const Parameter& p) { return p.sharding.expert_parallel() ? efsdp : fsdp; };
+    }
+    mc.tp = pc_.tp;
+    opt_ = std::make_unique<Muon>(sync_->local_shards(), dev, cfg_.optimizer, mc);
+  } else {
+    opt_ = std::make_unique<AdamW>(sync_->local_shards(), dev, cfg_.optimizer);
+  }
   lr_schedule_ = std::make_unique<LrSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   guard_ = std::make_unique<NonFiniteGuard>(*model_, sync_->local_shards(), cfg_.training.skip_nonfinite_steps);
 

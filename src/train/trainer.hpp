@@ -8,7 +8,7 @@
 ///    the step schedule; then the resume from `latest` and the run outputs (metrics.jsonl,
 ///    TensorBoard, traces);
 ///  - train_step: one optimizer step (the schedule's micro-batches, the reductions, the
-///    non-finite check agreed over the world, clipping and AdamW);
+///    non-finite check agreed over the world, clipping and the optimizer, AdamW or Muon);
 ///  - validate: the validation loss, forward only;
 ///  - save: a sharded checkpoint, published atomically (or staged and written in the background:
 ///    [checkpoint] async_mode);
@@ -40,6 +40,7 @@
 #include "metrics/tensorboard_writer.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
+#include "optim/optimizer.hpp"
 #include "optim/lr_schedule.hpp"
 #include "parallel/grad_sync.hpp"
 #include "parallel/mixed_precision.hpp"
@@ -167,7 +168,7 @@ class Trainer {
   PipelinePlan plan_;                             // pp > 1: the split and the schedule
   std::vector<std::unique_ptr<Executor>> execs_;  // one per stage on this rank (one without pp)
   std::unique_ptr<MixedPrecisionHooks> hooks_;
-  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<Optimizer> opt_;  ///< AdamW or Muon ([optimizer] name)
   std::unique_ptr<LrSchedule> lr_schedule_;
   std::unique_ptr<StepSchedule> schedule_;
   std::unique_ptr<NonFiniteGuard> guard_;

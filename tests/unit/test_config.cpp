@@ -96,7 +96,7 @@ BOOST_AUTO_TEST_CASE(values_out_of_range) {
       {"--optimizer.beta2=-0.1", "[optimizer] beta2: value -0.1 is out of range (must be in [0, 1))"},
       {"--optimizer.eps=0", "[optimizer] eps: value 0 is out of range (must be > 0)"},
       {"--optimizer.weight_decay=-0.01", "[optimizer] weight_decay: value -0.01 is out of range (must be >= 0)"},
-      {"--optimizer.name=SGD", "[optimizer] name: value \"SGD\" is not allowed (must be one of AdamW | Adam)"},
+      {"--optimizer.name=SGD", "[optimizer] name: value \"SGD\" is not allowed (must be one of AdamW | Muon | Adam)"},
       {"--lr_scheduler.warmup_steps=-1", "[lr_scheduler] warmup_steps: value -1 is out of range (must be >= 0)"},
       {"--lr_scheduler.decay_ratio=1.5", "[lr_scheduler] decay_ratio: value 1.5 is out of range (must be in [0, 1])"},
       {"--lr_scheduler.decay_type=exp", "[lr_scheduler] decay_type: value \"exp\" is not allowed (must be one of linear | sqrt | cosine)"},
