@@ -316,9 +316,6 @@ ParallelDims JobConfig::validate(int64_t world_size) const {
     fail(*this, "checkpoint.initial_load_in_hf",
          "needs the Hugging Face model folder: set [checkpoint] initial_load_path or [model] hf_assets_path");
   const std::string& opt = activation_checkpoint.selective_ac_option;
-  if (activation_checkpoint.mode == "selective" && opt == "op")
-    fail(*this, "activation_checkpoint.selective_ac_option",
-         "\"op\" (per-operator selective checkpointing) is not implemented yet (use a positive integer N)");
   const auto n = toml::parse_int(opt);
   if (opt != "op" && (!n || *n < 1))
     fail(*this, "activation_checkpoint.selective_ac_option",

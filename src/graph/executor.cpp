@@ -12,7 +12,8 @@ bool CheckpointPolicy::recompute(int64_t block) const {
   if (block < 0) return false;  // embedding and head are cheap to keep and costly to redo
   switch (mode) {
     case Mode::kNone: return false;
-    case Mode::kFull: return true;
+    case Mode::kFull:
+    case Mode::kOp: return true;
     case Mode::kSelective: return block % every == 0;
   }
   return false;
@@ -26,6 +27,10 @@ CheckpointPolicy CheckpointPolicy::from_deck(const std::string& mode, const std:
     return p;
   }
   if (mode != "selective") throw std::invalid_argument("activation checkpoint mode '" + mode + "'");
+  if (option == "op") {
+    p.mode = Mode::kOp;
+    return p;
+  }
   p.mode = Mode::kSelective;
   size_t used = 0;
   p.every = std::stoll(option, &used);
@@ -63,7 +68,9 @@ Tensor Executor::forward(int64_t mb, StepContext& ctx, const Tensor& input) {
     const size_t i = u - first_;
     if (hooks_) hooks_->pre_forward(u, mb);
     const bool recompute = policy_.recompute(block_index_[u]);
-    s.saved[i].set_discard(recompute);
+    s.saved[i].set_mode(!recompute                     ? SavedTensors::Mode::kKeep
+                        : policy_.mode == CheckpointPolicy::Mode::kOp ? SavedTensors::Mode::kOpRecord
+                                                                      : SavedTensors::Mode::kDiscard);
     if (recompute) s.inputs[i] = x;
     {
       trace::Span span(units_[u]->name(), "forward");
@@ -83,12 +90,16 @@ Tensor Executor::run_backward(int64_t mb, StepContext& ctx, const Tensor& dout, 
     const size_t i = u - first_;
     if (hooks_) hooks_->pre_backward(u, mb);
     SavedTensors& saved = s.saved[i];
-    if (saved.discard()) {
-      saved.set_discard(false);
+    if (saved.needs_recompute()) {
+      const bool per_op = saved.mode() == SavedTensors::Mode::kOpRecord;
+      saved.set_mode(per_op ? SavedTensors::Mode::kOpReplay : SavedTensors::Mode::kKeep);
       trace::Span span(units_[u]->name(), "recompute");
       // Recomputation records nothing: forward never touches weight gradients.
       units_[u]->forward(ctx, saved, s.inputs[i]);
       s.inputs[i] = Tensor();
+      if (saved.stashed())
+        throw std::logic_error("unit " + units_[u]->name() + " replayed fewer kept operators than its forward ran");
+      saved.set_mode(SavedTensors::Mode::kKeep);
     }
     ctx.defer_weight_grads = split ? &s.weight_grads[i] : nullptr;
     {

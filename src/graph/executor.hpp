@@ -52,14 +52,19 @@ class UnitHooks {
 
 /// Activation checkpointing (Chen et al. 2016): "none" keeps every activation; "full"
 /// recomputes every transformer block's forward during backward; "selective" with period N
-/// recomputes every N-th block (TorchTitan's layer-based selective AC).
+/// recomputes every N-th block (TorchTitan's layer-based selective AC); "selective" with option
+/// "op" is per-operator selective AC in every block: the outputs of attention, of tp's
+/// reduce-scatter and ep's all-to-all and of every second matmul (the 1st, 3rd, … of the block)
+/// are kept, the rest (norms, SwiGLU, RoPE, the other matmuls, the MoE router and experts) is
+/// recomputed before the block's backward (SavedTensors::op, model/layer.hpp).
 struct CheckpointPolicy {
-  enum class Mode { kNone, kSelective, kFull } mode = Mode::kNone;
+  enum class Mode { kNone, kSelective, kFull, kOp } mode = Mode::kNone;
   int64_t every = 1;
-  /// Whether unit u (block index `block` ≥ 0; −1 for embedding/head) is recomputed.
+  /// Whether unit u (block index `block` ≥ 0; −1 for embedding/head) is recomputed (wholly, or
+  /// for kOp all but its kept operators).
   bool recompute(int64_t block) const;
-  /// Parses the deck's [activation_checkpoint] mode and selective_ac_option (a positive integer).
-  /// @throws std::invalid_argument on other values (config validation rejects them first).
+  /// Parses the deck's [activation_checkpoint] mode and selective_ac_option (a positive integer,
+  /// or "op"). @throws std::invalid_argument on other values (config validation rejects them first).
   static CheckpointPolicy from_deck(const std::string& mode, const std::string& selective_option);
 };
 

@@ -2,6 +2,8 @@
 /// @file Layer: the node type of the graph of layers. A layer owns named parameters; forward
 /// saves what backward needs on a SavedTensors stack the executor owns; backward pops it in
 /// reverse order and accumulates parameter gradients (DESIGN.md, Core interfaces).
+#include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,23 +17,69 @@ namespace meshtrain {
 
 class WeightGradQueue;  // model/weight_grad_queue.hpp
 
-/// LIFO of activations saved by forward for backward. With `discard` set (activation
-/// checkpointing), pushes are dropped and the executor recomputes forward before backward.
+/// The operators per-operator selective activation checkpointing tells apart (TorchTitan's
+/// selective_ac_option = "op", torchtitan/distributed/activation_checkpoint.py): the outputs of
+/// matmuls (every second one excepted), of attention and of reduce-scatter / all-to-all are
+/// kept; every other operator is recomputed in backward.
+enum class SacOp {
+  kMatmul,      ///< a counted linear map (y = x·Wᵀ): kept when it is the 1st, 3rd, … of its unit's forward
+  kAttention,   ///< the attention kernel (SDPA / flash; the ring or Ulysses exchange under cp)
+  kCollective,  ///< a reduce-scatter or an all-to-all whose output feeds the forward
+};
+
+/// LIFO of activations saved by forward for backward, and the activation-checkpointing state of
+/// one unit's forward:
+///  - kKeep: pushes are stored (no checkpointing, or the recomputation of a full/selective-N unit);
+///  - kDiscard: pushes are dropped; the executor recomputes the unit's forward before backward;
+///  - kOpRecord: per-operator checkpointing, first forward: pushes are dropped, and the outputs
+///    of the operators the policy keeps (op()) are stashed;
+///  - kOpReplay: its recomputation before backward: pushes are stored, and op() hands back the
+///    stashed outputs (in the order recorded) instead of running those operators again.
+/// Recomputation runs the same kernels on the same inputs, so a replayed forward is bitwise the
+/// first one; the stash only skips work (and, for collectives, communication).
 class SavedTensors {
  public:
+  enum class Mode { kKeep, kDiscard, kOpRecord, kOpReplay };
   void push(const Tensor& t) {
-    if (!discard_) stack_.push_back(t);
+    if (!discard()) stack_.push_back(t);
   }
   /// @throws std::logic_error when empty (a backward without its forward).
   Tensor pop();
   void clear() { stack_.clear(); }
   bool empty() const { return stack_.empty(); }
-  void set_discard(bool d) { discard_ = d; }
-  bool discard() const { return discard_; }
+  /// Sets the mode for the next forward (or recomputation) and restarts the matmul count.
+  void set_mode(Mode m) {
+    mode_ = m;
+    matmuls_ = 0;
+  }
+  void set_discard(bool d) { set_mode(d ? Mode::kDiscard : Mode::kKeep); }
+  Mode mode() const { return mode_; }
+  /// Whether pushes are dropped (a forward whose unit will be recomputed, or evaluation).
+  bool discard() const { return mode_ == Mode::kDiscard || mode_ == Mode::kOpRecord; }
+  /// Whether the unit's forward must run again before its backward.
+  bool needs_recompute() const { return discard(); }
+  /// Runs one operator (its outputs in order) of a unit's forward under per-operator checkpointing: `run` computes its
+  /// outputs. kKeep / kDiscard: runs it. kOpRecord: runs it and, when the policy keeps this
+  /// operator, stashes its outputs — copies of them when `mutated_later` (a later operator of
+  /// the forward writes them in place: RoPE, the residual add, tp's in-place all-reduce).
+  /// kOpReplay: a kept operator's outputs come from the stash, others run again. The keep rule
+  /// is TorchTitan's: attention and collectives always, the n-th kMatmul of this forward when
+  /// n is odd (so the pattern is the same in the forward and its replay).
+  /// @throws std::logic_error when a replay asks for more, or other, outputs than were recorded.
+  std::vector<Tensor> op_multi(SacOp kind, Device& dev, const std::function<std::vector<Tensor>()>& run,
+                         bool mutated_later);
+  /// op_multi() for an operator with one output.
+  Tensor op(SacOp kind, Device& dev, const std::function<Tensor()>& run, bool mutated_later);
+  /// Stashed operator outputs not yet replayed (0 after a complete replay).
+  size_t stashed() const { return stash_.size(); }
+  /// Bytes of the stashed outputs (what per-operator checkpointing keeps for this unit).
+  int64_t stashed_bytes() const;
 
  private:
   std::vector<Tensor> stack_;
-  bool discard_ = false;
+  std::deque<std::vector<Tensor>> stash_;
+  Mode mode_ = Mode::kKeep;
+  int64_t matmuls_ = 0;  // kMatmul operators seen in this forward
 };
 
 /// Inputs and outputs of one micro-batch shared by all layers of the graph.

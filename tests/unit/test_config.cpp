@@ -337,7 +337,7 @@ BOOST_AUTO_TEST_CASE(sharding_rules_name_their_key) {
 
 BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   const std::vector<std::tuple<std::vector<std::string>, int64_t, std::string>> cases = {
-      {{"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}, 1, "[activation_checkpoint] selective_ac_option: \"op\""},
+      {{"--activation_checkpoint.mode=memory_budget"}, 1, "[activation_checkpoint] mode: \"memory_budget\""},
   };
   for (const auto& [ov, world, want] : cases) {
     const std::string e = error_of(kBase, ov, world);
@@ -351,13 +351,14 @@ BOOST_AUTO_TEST_CASE(not_implemented_yet_rules_name_their_key) {
   // The same options pass the layout-only rules (meshtrain layout lays out published decks).
   BOOST_TEST(load(kBase, {"--parallelism.tensor_parallel_degree=2"}).validate_layout(8).dp_shard == 4);
   // What is implemented passes: replication, tensor parallelism (with and without sequence
-  // parallelism and loss parallelism), full and selective-N checkpointing, "op" unused.
+  // parallelism and loss parallelism), full, selective-N and per-operator checkpointing.
   BOOST_TEST(error_of(kBase, {"--parallelism.tensor_parallel_degree=2"}, 8) == "");
   BOOST_TEST(error_of(kBase, {"--parallelism.tensor_parallel_degree=4", "--parallelism.enable_sequence_parallel=false",
                               "--parallelism.disable_loss_parallel=true"}, 4) == "");
   BOOST_TEST(error_of(kBase, {"--parallelism.data_parallel_replicate_degree=2"}, 2) == "");
   BOOST_TEST(error_of(kBase, {"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=3"}) == "");
   BOOST_TEST(error_of(kBase, {"--activation_checkpoint.mode=full", "--activation_checkpoint.selective_ac_option=op"}) == "");
+  BOOST_TEST(error_of(kBase, {"--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"}) == "");
 }
 
 // ---- resolved deck -------------------------------------------------------------------------

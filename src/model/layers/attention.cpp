@@ -68,7 +68,8 @@ std::vector<Parameter*> Attention::parameters() {
 Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
                              int64_t heads) {
   Device& dev = *ctx.dev;
-  Tensor y = linear_forward(dev, x, w);
+  // RoPE rotates y in place (without q/k norm): a kept y is stashed as a copy.
+  Tensor y = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w); }, true);
   if (qk_norm_) y = rmsnorm_forward(dev, saved, y.reshape({y.numel() / head_dim_, head_dim_}), norm, norm_eps_);
   Tensor y4 = y.reshape({int64_t(ctx.shard.chunks.size()) * ctx.batch, ctx.shard.chunk_len, heads, head_dim_});
   rope_chunks(ctx, y4, false);
@@ -94,23 +95,34 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
   const int64_t n = x.dim(0);
   Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
   Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
-  Tensor v = linear_forward(dev, x, wv).reshape(k.shape());
+  Tensor v = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, wv); }, false).reshape(k.shape());
   const float scale = 1.0f / std::sqrt(float(head_dim_));
   Tensor o;
   if (ctx.cp.active()) {  // the sequence is split over cp: attention crosses the group
-    CpAttentionForward f = cp_attention_forward(dev, ctx.cp, ctx.shard, ctx.batch, q, k, v, scale, documents(ctx));
-    o = f.out;
+    // Per-op checkpointing keeps the exchange's whole state (its output and what its backward reads).
+    const std::vector<Tensor> f = saved.op_multi(SacOp::kAttention, dev, [&] {
+      CpAttentionForward r = cp_attention_forward(dev, ctx.cp, ctx.shard, ctx.batch, q, k, v, scale, documents(ctx));
+      std::vector<Tensor> out{r.out};
+      out.insert(out.end(), r.saved.begin(), r.saved.end());
+      return out;
+    }, false);
+    o = f.front();
     saved.push(x);
-    for (const Tensor& t : f.saved) saved.push(t);
+    for (size_t i = 1; i < f.size(); ++i) saved.push(f[i]);
   } else {
-    o = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
-    Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
-    dev.attention_forward(q, k, v, o, lse, scale, documents(ctx));
-    for (const Tensor& t : {x, q, k, v, lse}) saved.push(t);
+    const std::vector<Tensor> ol = saved.op_multi(SacOp::kAttention, dev, [&] {
+      Tensor out = dev.empty(q.shape(), q.dtype(), MemCategory::kActivations);
+      Tensor lse = dev.empty({ctx.batch, n_heads_, ctx.seq_len}, DType::kF32, MemCategory::kActivations);
+      dev.attention_forward(q, k, v, out, lse, scale, documents(ctx));
+      return std::vector<Tensor>{out, lse};
+    }, false);
+    o = ol[0];
+    for (const Tensor& t : {x, q, k, v, ol[1]}) saved.push(t);
   }
   saved.push(o);
-  Tensor out = linear_forward(dev, o.reshape({n, n_heads_ * head_dim_}), wo);
-  return tp_exit(dev, ctx.tp, out);
+  Tensor out = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, o.reshape({n, n_heads_ * head_dim_}), wo); },
+                        true);
+  return tp_exit_kept(dev, saved, ctx.tp, out);
 }
 
 Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm,

@@ -23,13 +23,14 @@ FeedForward::FeedForward(const ModelArgs& a, int layer_id, std::string name, int
 Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
   Device& dev = *ctx.dev;
   const Tensor x = tp_enter(dev, ctx.tp, x_local);
-  Tensor a = linear_forward(dev, x, w1);
-  Tensor b = linear_forward(dev, x, w3);
+  Tensor a = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w1); }, false);
+  Tensor b = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w3); }, false);
   Tensor h = dev.empty(a.shape(), a.dtype(), MemCategory::kActivations);
   dev.swiglu_forward(a, b, h);
-  Tensor out = linear_forward(dev, h, w2);
+  // The output is reduced in place (tp) or takes the block's residual add: kept as a copy.
+  Tensor out = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, h, w2); }, true);
   for (const Tensor& t : {x, a, b, h}) saved.push(t);
-  return tp_exit(dev, ctx.tp, out);
+  return tp_exit_kept(dev, saved, ctx.tp, out);
 }
 
 Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {

@@ -133,8 +133,12 @@ Tensor MoE::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
   Tensor xs = dev.empty({r, dim_}, x.dtype(), MemCategory::kActivations);
   dev.gather_rows(x, src, xs);
   ExchangeState ex;
-  if (ep_size_ > 1) ex = start_exchange(ctx, plan.counts);
-  Tensor xe = ep_size_ > 1 ? exchange_rows(ctx, ex, xs, true) : xs;
+  // Per-op checkpointing keeps the all-to-alls' outputs (the router and experts are recomputed).
+  const auto exchanged = [&](const Tensor& rows_in, bool to_experts) {
+    return saved.op(SacOp::kCollective, dev, [&] { return exchange_rows(ctx, ex, rows_in, to_experts); }, false);
+  };
+  if (ep_size_ > 1) ex = start_exchange(ctx, saved, plan.counts);
+  Tensor xe = ep_size_ > 1 ? exchanged(xs, true) : xs;
   const std::vector<int64_t>& counts = ep_size_ > 1 ? ex.plan.local_counts : plan.counts;
   const int64_t re = xe.dim(0);
   Tensor a = dev.empty({re, hidden_}, x.dtype(), MemCategory::kActivations);
@@ -145,7 +149,7 @@ Tensor MoE::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
   dev.grouped_matmul(GroupedGemm::kForward, xe, Tensor(), w3.compute_value(), b, counts);
   dev.swiglu_forward(a, b, h);
   dev.grouped_matmul(GroupedGemm::kForward, h, Tensor(), w2.compute_value(), ye, counts);
-  Tensor y = ep_size_ > 1 ? exchange_rows(ctx, ex, ye, false) : ye;
+  Tensor y = ep_size_ > 1 ? exchanged(ye, false) : ye;
   Tensor out = dev.empty({n, dim_}, x.dtype(), MemCategory::kActivations);
   dev.moe_combine(y, rows, gates, out);
 
@@ -265,7 +269,7 @@ struct ScopeTimer {
 };
 }  // namespace
 
-MoE::ExchangeState MoE::start_exchange(StepContext& ctx, const std::vector<int64_t>& counts) {
+MoE::ExchangeState MoE::start_exchange(StepContext& ctx, SavedTensors& saved, const std::vector<int64_t>& counts) {
   ScopeTimer timer{stats_.dispatch_s};
   Device& dev = *ctx.dev;
   if (ctx.ep.size != ep_size_ || !ctx.ep.comm)
@@ -275,8 +279,11 @@ MoE::ExchangeState MoE::start_exchange(StepContext& ctx, const std::vector<int64
   std::vector<int32_t> mine(counts.begin(), counts.end());
   Tensor send = upload_i32(dev, mine, {e_});
   ExchangeState ex;
-  ex.recv_counts = dev.empty({e_}, DType::kI32, MemCategory::kActivations);
-  ctx.ep.comm->all_to_all(send, ex.recv_counts)->wait();
+  ex.recv_counts = saved.op(SacOp::kCollective, dev, [&] {
+    Tensor recv = dev.empty({e_}, DType::kI32, MemCategory::kActivations);
+    ctx.ep.comm->all_to_all(send, recv)->wait();
+    return recv;
+  }, false);
   std::vector<int32_t> recv(static_cast<size_t>(e_));
   dev.download(recv.data(), ex.recv_counts, recv.size() * sizeof(int32_t));
   ex.plan = make_ep_exchange(counts, recv, ep_size_);

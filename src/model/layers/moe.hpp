@@ -38,6 +38,12 @@
 /// are permuted to (local expert, source) order for the grouped GEMMs, and return the same way
 /// before the combine (moe_exchange.hpp). Backward exchanges the gradients along the same paths.
 ///
+/// Per-operator activation checkpointing (SavedTensors::op) keeps the outputs of the ep
+/// all-to-alls and of the shared experts' kept matmuls; the router's gate matmul (TorchTitan
+/// forces its recomputation: per_op_sac_force_recompute_mm_shapes_by_fqns = ["moe.router.gate"],
+/// not counted) and the experts' grouped GEMMs (torch._grouped_mm is not on TorchTitan's save
+/// list) are recomputed.
+///
 /// Saved per micro-batch (SavedTensors, in push order): x, logits, scores, topk, gates, rows,
 /// xe (the experts' input rows), a, b, h, y; with ep the received counts and both permutations;
 /// with the balance loss sample ids and coefficients. The host copy of the routing is rebuilt
@@ -103,9 +109,10 @@ class MoE final : public Layer {
     Tensor recv_counts;     ///< i32 [E]: counts received per (source, local expert)
     Tensor perm, inv_perm;  ///< i32 [rows_in]
   };
-  /// Exchanges the per-expert counts over ctx.ep and plans the rows' exchange. @throws
-  /// std::logic_error when ctx.ep is not the group the weights were split for; CommError.
-  ExchangeState start_exchange(StepContext& ctx, const std::vector<int64_t>& counts);
+  /// Exchanges the per-expert counts over ctx.ep (an all-to-all whose output per-op
+  /// checkpointing keeps in `saved`) and plans the rows' exchange. @throws std::logic_error when
+  /// ctx.ep is not the group the weights were split for; CommError.
+  ExchangeState start_exchange(StepContext& ctx, SavedTensors& saved, const std::vector<int64_t>& counts);
   /// to_experts: this rank's expert-sorted rows [R, D] → the experts' rows [rows_in, D] in
   /// (local expert, source) order; else the reverse. Blocking; its time goes to
   /// step_stats().dispatch_s. @throws CommError.

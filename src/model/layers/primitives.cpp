@@ -30,6 +30,12 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
   return dx;
 }
 
+Tensor tp_exit_kept(Device& dev, SavedTensors& saved, const TensorParallel& tp, const Tensor& partial) {
+  if (!tp.active() || !tp.sequence_parallel) return tp_exit(dev, tp, partial);
+  // The block's residual add writes the shard in place: a kept shard is stashed as a copy.
+  return saved.op(SacOp::kCollective, dev, [&] { return tp_exit(dev, tp, partial); }, true);
+}
+
 Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const Parameter& w, float eps) {
   const int64_t d = x.dim(-1), n = x.numel() / d;
   Tensor y = dev.empty(x.shape(), x.dtype(), MemCategory::kActivations);

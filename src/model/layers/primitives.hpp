@@ -14,6 +14,13 @@ Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCateg
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
                        const Tensor* accumulate_dx = nullptr);
 
+/// tp_exit (model/tensor_parallel.hpp) of a block's row-parallel output under per-operator
+/// checkpointing: a reduce-scatter's output (sequence parallelism) is kept (SacOp::kCollective),
+/// as TorchTitan keeps reduce_scatter_tensor; tp's all-reduce is redone on recomputation, as
+/// TorchTitan redoes all_reduce and all_gather. partial [N, D] → [N/tp, D] or [N, D].
+/// @throws CommError.
+Tensor tp_exit_kept(Device& dev, SavedTensors& saved, const TensorParallel& tp, const Tensor& partial);
+
 /// RMSNorm over the last dim of x [N, D] with weight [D]; pushes x and rstd.
 Tensor rmsnorm_forward(Device& dev, SavedTensors& saved, const Tensor& x, const Parameter& w, float eps);
 /// Pops what rmsnorm_forward pushed; returns dx [N, D] from dy [N, D]; accumulates dW [D] (or
