@@ -153,7 +153,7 @@ struct ParallelismSection {
 /// [activation_checkpoint]
 struct ActivationCheckpointSection {
   std::string mode = "none";               ///< none | selective | full
-  std::string selective_ac_option = "2";   ///< integer N: checkpoint every N-th block; "op" not yet
+  std::string selective_ac_option = "2";   ///< integer N: checkpoint every N-th block; "op": per operator
 };
 
 /// [metrics]

@@ -401,7 +401,8 @@ std::vector<Option> build_option_table() {
           "activation checkpointing (recompute in backward); \"memory_budget\" is not implemented yet",
           {"none", "selective", "full", "memory_budget"});
     s.str("selective_ac_option", &ActivationCheckpointSection::selective_ac_option,
-          "mode = selective: \"N\" recomputes every N-th block; \"op\" (per operator) is not implemented yet", {},
+          "mode = selective: \"N\" recomputes every N-th block; \"op\" keeps attention, reduce-scatter / all-to-all "
+          "and every second matmul of each block and recomputes the rest", {},
           "positive integer N | op")
         .rule = selective_ac_rule;
   }

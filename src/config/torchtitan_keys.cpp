@@ -387,10 +387,17 @@ Table build_table() {
                          : honoured_v();
             }});
   t.shared("selective_ac_option", "\"2\"",
-           honoured("\"op\" with mode = \"selective\": refused (per-operator checkpointing is not implemented yet)"));
+           honoured("\"op\": per-operator checkpointing with TorchTitan's policy (attention, reduce-scatter / "
+                    "all-to-all and every second matmul kept)"));
   t.list("per_op_sac_force_recompute_mm_shapes_by_fqns", "[\"moe.router.gate\"]",
-         notice("applies only to per-operator selective checkpointing (selective_ac_option = \"op\"), which is "
-                "not implemented yet"));
+         {"[\"moe.router.gate\"]: honoured (the MoE router's gate matmul is recomputed, outside the matmul count); "
+          "other values: refused (not implemented yet)",
+          [](const OptionValue& v) {
+            return v.items.size() == 1 && v.items[0].text == "moe.router.gate"
+                       ? honoured_v()
+                       : refused_v("only [\"moe.router.gate\"] is implemented (other force-recompute lists are not "
+                                   "implemented yet)");
+          }});
   t.boolean("early_stop", "false",
             notice_if_true("meshtrain recomputes a whole block's forward; torch.utils.checkpoint's early stop does "
                            "not apply"));

@@ -66,18 +66,16 @@ lays_out() {
 line_of() { grep -nE "$2" "$1" | head -1 | cut -d: -f1; }
 
 c4='is a Hugging Face dataset name (TorchTitan downloads it); meshtrain trains from a pre-tokenized token store: prepare one with `meshtrain data prepare'
-op='[activation_checkpoint] selective_ac_option: "op" (per-operator selective checkpointing) is not implemented yet'
 
 # llama3 debug (8 GPUs): only the dataset name stands in the way.
 lays_out llama3_debug.toml 8
 refused llama3_debug.toml 8 "llama3_debug.toml:$(line_of llama3_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
 resolves llama3_debug.toml 8 9 $store
-resolves llama3_debug_all_sections.toml 8 31 $store
-# llama3 8B (64 A100): the dataset, then per-operator checkpointing.
+resolves llama3_debug_all_sections.toml 8 30 $store
+# llama3 8B (64 A100, per-operator checkpointing): only the dataset.
 lays_out llama3_8b.toml 64
 refused llama3_8b.toml 64 "llama3_8b.toml:$(line_of llama3_8b.toml '^dataset =' ): [training] dataset: \"c4\" $c4"
-refused llama3_8b.toml 64 "llama3_8b.toml:$(line_of llama3_8b.toml '^selective_ac_option' ): $op" $store
-resolves llama3_8b.toml 64 7 $store --activation_checkpoint.selective_ac_option=2
+resolves llama3_8b.toml 64 7 $store
 # llama3 70B (64 A100, tp 8).
 lays_out llama3_70b.toml 64
 refused llama3_70b.toml 64 "llama3_70b.toml:$(line_of llama3_70b.toml '^dataset =' ): [training] dataset: \"c4\" $c4"
@@ -88,25 +86,23 @@ refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^conv
 refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^dataset =' ): [training] dataset: \"c4\" $c4" --model.converters=
 refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^enable_async_tensor_parallel' ): [parallelism] enable_async_tensor_parallel: asynchronous tensor parallelism is not implemented yet" --model.converters= $store
 resolves llama3_405b.toml 128 8 --model.converters= $store --parallelism.enable_async_tensor_parallel=false
-# qwen3 0.6B and 1.7B (8 GPUs): the dataset, then "op".
+# qwen3 0.6B and 1.7B (8 GPUs, per-operator checkpointing): only the dataset.
 for d in qwen3_0.6b.toml qwen3_1.7b.toml; do
   lays_out $d 8
   refused $d 8 "$d:$(line_of $d '^dataset =' ): [training] dataset: \"c4\" $c4"
-  refused $d 8 "$d:$(line_of $d '^selective_ac_option' ): $op" $store
-  resolves $d 8 7 $store --activation_checkpoint.selective_ac_option=2
+  resolves $d 8 7 $store
 done
-# qwen3 32B (8 H100): full checkpointing, so "op" is unused.
+# qwen3 32B (8 H100): full checkpointing.
 lays_out qwen3_32b.toml 8
 resolves qwen3_32b.toml 8 7 $store
 # qwen3 debug (the debugmodel flavor in the Qwen3 presets' layout).
 lays_out qwen3_debug.toml 8
 refused qwen3_debug.toml 8 "qwen3_debug.toml:$(line_of qwen3_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
 resolves qwen3_debug.toml 8 6 $store
-# qwen3 MoE debug (8 GPUs, ep 1): the dataset, then "op", like the dense presets.
+# qwen3 MoE debug (8 GPUs, ep 1, per-operator checkpointing): only the dataset, like the dense presets.
 lays_out qwen3_moe_debug.toml 8
 refused qwen3_moe_debug.toml 8 "qwen3_moe_debug.toml:$(line_of qwen3_moe_debug.toml '^dataset =' ): [training] dataset: \"c4_test\" $c4"
-refused qwen3_moe_debug.toml 8 "qwen3_moe_debug.toml:$(line_of qwen3_moe_debug.toml '^selective_ac_option' ): $op" $store
-resolves qwen3_moe_debug.toml 8 7 $store --activation_checkpoint.selective_ac_option=2
+resolves qwen3_moe_debug.toml 8 7 $store
 # The other Mixture-of-Experts models: refused by layout and deck check alike, naming the key.
 for spec in "deepseek_v3_debug.toml:deepseek_v3_debug.toml:$(line_of deepseek_v3_debug.toml '^name' ):"' [model] name: Mixture-of-Experts model '"'"'deepseek_v3'"'"' (TorchTitan) is not implemented yet'; do
   deck=${spec%%:*}
