@@ -9,7 +9,7 @@
 // computation: single blocks (unmasked with Tq ≠ Tk and Tq = Tk, causal), and whole causal
 // sequences assembled ring-style from 2–3 chunks, whose merged output and summed block
 // gradients must equal full causal attention (f32 ≤ 1e-4, bf16 ≤ 2e-2 normwise). Document
-// masks (DocumentMask) are refused with "not implemented yet" on every entry point.
+// masks (DocumentMask): test_cuda_doc_attention.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -651,29 +651,6 @@ BOOST_AUTO_TEST_CASE(attention_block_rejects_bad_arguments) {
   BOOST_CHECK_THROW(gpu().attention_merge(t({1, 8, 2, 16}), t({1, 2, 8}), t({1, 8, 2, 16}, bf), t({1, 2, 8})),
                     std::invalid_argument);
   BOOST_CHECK_THROW(gpu().attention_merge(t({8, 2, 16}), t({2, 8}), t({8, 2, 16}), t({2, 8})), std::invalid_argument);
-}
-
-// Document masking ([model] attn_mask_type = "block_causal") has no CUDA kernel yet: every
-// attention entry point must refuse an active DocumentMask rather than run unmasked.
-BOOST_AUTO_TEST_CASE(attention_refuses_document_masks) {
-  auto t = [](const Shape& s, DType d = DType::kF32) { return gpu().empty(s, d, MemCategory::kTemporaries); };
-  const float sc = 0.25f;
-  const DocumentMask docs{t({1, 8}, DType::kI32)};
-  const Tensor q = t({1, 8, 2, 16}), k = t({1, 8, 1, 16}), v = t({1, 8, 1, 16}), o = t({1, 8, 2, 16}), l = t({1, 2, 8});
-  const Tensor dq = t({1, 8, 2, 16}), dk = t({1, 8, 1, 16}), dv = t({1, 8, 1, 16});
-  auto refused = [](auto&& call) {
-    try {
-      call();
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what()).find("not implemented yet") != std::string::npos;
-    }
-    return false;
-  };
-  BOOST_TEST(refused([&] { gpu().attention_forward(q, k, v, o, l, sc, docs); }));
-  BOOST_TEST(refused([&] { gpu().attention_backward(o, q, k, v, o, l, sc, dq, dk, dv, docs); }));
-  BOOST_TEST(refused([&] { gpu().attention_block_forward(q, k, v, AttentionMask::kCausal, o, l, sc, docs); }));
-  BOOST_TEST(
-      refused([&] { gpu().attention_block_backward(o, q, k, v, AttentionMask::kCausal, o, l, sc, dq, dk, dv, docs); }));
 }
 
 }  // namespace

@@ -21,7 +21,10 @@
 // fp32 accumulation, P and dS kept in registers and re-packed as A operands); f32 and other head
 // dims run fp32 SIMT kernels with the same structure. Template parameters: T the input dtype,
 // TG the gradients' (T, or f32 with ACC), CAUSAL the mask; CAUSAL kernels take
-// Tk = Tq (seq_q) and ignore their seq_k_arg.
+// Tk = Tq (seq_q) and ignore their seq_k_arg. Under a document mask (DocTable) P is also zero
+// for keys before the query's document start; the dQ kernels skip the key tiles before a query
+// tile's first document and the dK/dV kernels the query tiles after a key tile's last one
+// (found by binary search: the starts never decrease along a sample).
 #include <cmath>
 
 #include "device/cuda/attention_common.cuh"
@@ -63,20 +66,21 @@ __global__ void __launch_bounds__(256)
 // ---------------------------------------------------------------------------------------------
 
 /// Dynamic smem of attn_bwd_dkdv_simt: K, V [16][dh] (the block's keys, read as broadcasts),
-/// Q (pre-scaled), dO [32][dh + 1] (lane j reads row j: odd stride, conflict-free), lse and D
-/// [32]. dh = 256: 98 816 B.
+/// Q (pre-scaled), dO [32][dh + 1] (lane j reads row j: odd stride, conflict-free), lse, D and
+/// the queries' first keys under the document mask [32]. dh = 256: 98 944 B.
 inline size_t dkdv_simt_smem(int dh) {
-  return sizeof(float) * (2 * size_t(kSimtRows) * dh + 2 * size_t(kSimtCols) * (dh + 1) + 2 * kSimtCols);
+  return sizeof(float) * (2 * size_t(kSimtRows) * dh + 2 * size_t(kSimtCols) * (dh + 1) + 3 * kSimtCols);
 }
 
 /// grid (B·Hkv, ceil(Tk / 16)), block 128; warp w owns keys k0 + 4w .. k0 + 4w + 3 with dims
 /// lane + 32c in registers; queries stream 32 per tile, query q0 + j on lane j for the scores.
+/// docs: the document mask (DocTable; starts nullptr = none).
 template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 __global__ void __launch_bounds__(kSimtThreads, 1)
     attn_bwd_dkdv_simt(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                        const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
                        TG* __restrict__ dk, TG* __restrict__ dv, int seq_q, int seq_k_arg, int hq, int hkv,
-                       int dh, float scale) {
+                       int dh, float scale, DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int R = kSimtRowsPerWarp, NC = DHP / 32;
@@ -88,6 +92,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
   float* dos = qs + kSimtCols * ld;    // [32][ld]
   float* ls = dos + kSimtCols * ld;    // [32]
   float* dd = ls + kSimtCols;          // [32]
+  int* fs = reinterpret_cast<int*>(dd + kSimtCols);  // [32] first key of each query
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bkv = blockIdx.x, b = bkv / hkv, kvh = bkv % hkv, group = hq / hkv;
@@ -109,8 +114,10 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
     for (int c = 0; c < NC; ++c) dka[r][c] = dva[r][c] = 0.0f;
 
-  // CAUSAL: the query tiles holding a query ≥ k0; otherwise all of them.
-  const int qt0 = CAUSAL ? k0 / kSimtCols : 0, n_qt = (seq_q + kSimtCols - 1) / kSimtCols;
+  // CAUSAL: the query tiles holding a query ≥ k0; otherwise all of them. Under the document
+  // mask only the queries before qend see a key of this block (the starts never decrease).
+  const int qend = docs.starts ? doc_query_end(docs, b, min(k0 + kSimtRows, seq_k) - 1, seq_q) : seq_q;
+  const int qt0 = CAUSAL ? k0 / kSimtCols : 0, n_qt = (qend + kSimtCols - 1) / kSimtCols;
   for (int hi = 0; hi < group; ++hi) {
     const int h = kvh * group + hi;
     const T* qg = q + int64_t(b) * seq_q * qstride + int64_t(h) * dh;
@@ -130,6 +137,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
         const int t = q0 + tid;
         ls[tid] = t < seq_q ? lg[t] : 0.0f;
         dd[tid] = t < seq_q ? dg[t] : 0.0f;
+        fs[tid] = !docs.starts ? 0 : t < seq_q ? doc_first_key(docs, b, t) : INT_MAX;
       }
       __syncthreads();
 
@@ -156,7 +164,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
       for (int r = 0; r < R; ++r) {
         const int key = k0 + warp * R + r;
         // CAUSAL: implies key < T; otherwise keys ≥ Tk are computed but never stored.
-        const bool valid = (!CAUSAL || query >= key) && query < seq_q;
+        const bool valid = (!CAUSAL || query >= key) && query < seq_q && key >= fs[lane];
         p[r] = valid ? expf(sc[r] - ls[lane]) : 0.0f;
         ds[r] = p[r] * (dp[r] - dd[lane]);
       }
@@ -211,12 +219,14 @@ inline size_t dq_simt_smem(int dh) {
 }
 
 /// grid (B·Hq, ceil(Tq / 16)), block 128; warp w owns query rows q0 + 4w .. q0 + 4w + 3 (dQ
-/// dims lane + 32c in registers); keys stream 32 per tile, key k0 + j on lane j.
+/// dims lane + 32c in registers); keys stream 32 per tile, key k0 + j on lane j. docs: the
+/// document mask (DocTable; starts nullptr = none).
 template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 __global__ void __launch_bounds__(kSimtThreads, 1)
     attn_bwd_dq_simt(const T* __restrict__ dout, const T* __restrict__ q, const T* __restrict__ k,
                      const T* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
-                     TG* __restrict__ dq, int seq_q, int seq_k_arg, int hq, int hkv, int dh, float scale) {
+                     TG* __restrict__ dq, int seq_q, int seq_k_arg, int hq, int hkv, int dh, float scale,
+                     DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int R = kSimtRowsPerWarp, NC = DHP / 32;
@@ -243,18 +253,23 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
     dos[i] = ok ? to_f(dog[int64_t(t) * qstride + c]) : 0.0f;
   }
   float lr[R], dr[R], acc[R][NC];
+  int fk[R];  // first key of each row under the document mask (0 without one)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int t = q0 + warp * R + r;
     lr[r] = t < seq_q ? lse[(int64_t(b) * hq + h) * seq_q + t] : 0.0f;
     dr[r] = t < seq_q ? dvec[(int64_t(b) * hq + h) * seq_q + t] : 0.0f;
+    fk[r] = !docs.starts ? 0 : t < seq_q ? doc_first_key(docs, b, t) : INT_MAX;
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[r][c] = 0.0f;
   }
 
-  const int kend = CAUSAL ? min(q0 + kSimtRows, seq_q) : seq_k;  // keys any row may attend
+  // Keys any row may attend: below kend and, under the document mask, from the first row's
+  // document start (the starts never decrease).
+  const int kend = CAUSAL ? min(q0 + kSimtRows, seq_q) : seq_k;
   const int n_kt = (kend + kSimtCols - 1) / kSimtCols;
-  for (int kt = 0; kt < n_kt; ++kt) {
+  const int kt0 = docs.starts ? max(0, doc_first_key(docs, b, q0)) / kSimtCols : 0;
+  for (int kt = kt0; kt < n_kt; ++kt) {
     const int k0 = kt * kSimtCols;
     __syncthreads();
     for (int i = tid; i < kSimtCols * dh; i += kSimtThreads) {
@@ -288,7 +303,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
       const int t = q0 + warp * R + r;
       // CAUSAL: implies key < T. Otherwise keys ≥ Tk are masked explicitly: their zero rows
       // would still get P = exp(−lse).
-      const bool valid = (CAUSAL ? key <= t : key < seq_k) && t < seq_q;
+      const bool valid = (CAUSAL ? key <= t : key < seq_k) && t < seq_q && key >= fk[r];
       const float p = valid ? expf(sc[r] - lr[r]) : 0.0f;
       ds[r] = p * (dp[r] - dr[r]);
     }
@@ -313,7 +328,7 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 template <class T, class TG, bool ACC, bool CAUSAL, int DHP>
 void launch_bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
-                     const Tensor& dv, cudaStream_t stream) {
+                     const Tensor& dv, const DocTable& docs, cudaStream_t stream) {
   const auto* dop = static_cast<const T*>(dout.raw());
   const auto* qp = static_cast<const T*>(q.raw());
   const auto* kp = static_cast<const T*>(k.raw());
@@ -324,28 +339,31 @@ void launch_bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const T
   const dim3 grid_kv(unsigned(d.b * d.hkv), unsigned((d.tk + kSimtRows - 1) / kSimtRows));
   attn_bwd_dkdv_simt<T, TG, ACC, CAUSAL, DHP><<<grid_kv, kSimtThreads, smem_kv, stream>>>(
       dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dk.raw()), static_cast<TG*>(dv.raw()), d.tq, d.tk,
-      d.hq, d.hkv, d.dh, scale);
+      d.hq, d.hkv, d.dh, scale, docs);
   MT_CUDA_LAUNCH("attn_bwd_dkdv_simt");
 
   const size_t smem_q = dq_simt_smem(d.dh);
   allow_dynamic_smem(attn_bwd_dq_simt<T, TG, ACC, CAUSAL, DHP>, smem_q);
   const dim3 grid_q(unsigned(d.b * d.hq), unsigned((d.tq + kSimtRows - 1) / kSimtRows));
   attn_bwd_dq_simt<T, TG, ACC, CAUSAL, DHP><<<grid_q, kSimtThreads, smem_q, stream>>>(
-      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dq.raw()), d.tq, d.tk, d.hq, d.hkv, d.dh, scale);
+      dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dq.raw()), d.tq, d.tk, d.hq, d.hkv, d.dh, scale,
+      docs);
   MT_CUDA_LAUNCH("attn_bwd_dq_simt");
 }
 
 template <class T, class TG, bool ACC, bool CAUSAL>
 void bwd_simt(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
               const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
-              const Tensor& dv, cudaStream_t stream) {
+              const Tensor& dv, const DocTable& docs, cudaStream_t stream) {
   switch (simt_dh_cap(d.dh)) {
-    case 32: return launch_bwd_simt<T, TG, ACC, CAUSAL, 32>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
-    case 64: return launch_bwd_simt<T, TG, ACC, CAUSAL, 64>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+    case 32:
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 32>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
+    case 64:
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 64>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
     case 128:
-      return launch_bwd_simt<T, TG, ACC, CAUSAL, 128>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 128>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
     default:
-      return launch_bwd_simt<T, TG, ACC, CAUSAL, 256>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+      return launch_bwd_simt<T, TG, ACC, CAUSAL, 256>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
   }
 }
 
@@ -365,24 +383,26 @@ template <int DH>
 constexpr int dq_bk() { return DH <= 64 ? 64 : 32; }
 
 /// Shared memory of attn_bwd_dkdv_tc: K, V [64][DH+8] bf16; Q, dO [2][BQ][DH+8] bf16; lse, D
-/// [2][BQ] f32 (DH = 64: 56 320 B; DH = 128: 70 144 B).
+/// [2][BQ] f32; the queries' document starts [2][BQ] i32 (DH = 64: 56 832 B; DH = 128: 70 400 B).
 template <int DH>
 constexpr size_t dkdv_tc_smem() {
   constexpr int bq = dkdv_bq<DH>();
-  return sizeof(bf16) * size_t(2 * kBwdBk + 4 * bq) * (DH + 8) + sizeof(float) * 4 * bq;
+  return sizeof(bf16) * size_t(2 * kBwdBk + 4 * bq) * (DH + 8) + sizeof(float) * 6 * bq;
 }
 
 /// dK/dV for one (batch, kv head, 64-key tile); grid (B·Hkv, ceil(Tk / 64)), block 128, dynamic
 /// smem dkdv_tc_smem<DH>(). Warp w owns keys k0 + 16w .. k0 + 16w + 15, so every product is
 /// computed "key-major" (M = keys): Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, then dV += Pᵀ·dO and dK += dSᵀ·Q with
 /// Pᵀ, dSᵀ re-packed from accumulators — no transposes through shared memory. The (query head,
-/// query tile) pairs of the GQA group are one flat, double-buffered cp.async stream.
+/// query tile) pairs of the GQA group are one flat, double-buffered cp.async stream. docs: the
+/// document mask (DocTable; starts nullptr = none): only the query tiles before the end of the
+/// key tile's last document are streamed.
 template <int DH, class TG, bool ACC, bool CAUSAL>
 __global__ void __launch_bounds__(kTcThreads)
     attn_bwd_dkdv_tc(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                      const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
                      TG* __restrict__ dk, TG* __restrict__ dv, int seq_q, int seq_k_arg, int hq, int hkv,
-                     float scale, float scale_log2) {
+                     float scale, float scale_log2, DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int BQ = dkdv_bq<DH>(), LD = DH + 8, KS = DH / 16, NB = BQ / 8, ND = DH / 8;
@@ -397,6 +417,7 @@ __global__ void __launch_bounds__(kTcThreads)
   bf16* dos = qs + 2 * BQ * LD;                   // [2][BQ][LD]
   float* ls = reinterpret_cast<float*>(dos + 2 * BQ * LD);  // [2][BQ]
   float* dd = ls + 2 * BQ;                                  // [2][BQ]
+  int32_t* fs = reinterpret_cast<int32_t*>(dd + 2 * BQ);    // [2][BQ] doc_start of each query
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int bkv = blockIdx.x, b = bkv / hkv, kvh = bkv % hkv, group = hq / hkv;
@@ -406,9 +427,12 @@ __global__ void __launch_bounds__(kTcThreads)
   const bf16* vg = v + int64_t(b) * seq_k * kstride + int64_t(kvh) * DH;
 
   // Query tiles qt0 .. n_qt-1 of each head: CAUSAL, those holding every query ≥ k0 (the causal
-  // ones); otherwise all of them.
-  const int qt0 = CAUSAL ? k0 / BQ : 0, n_qt = (seq_q + BQ - 1) / BQ, per_head = n_qt - qt0,
+  // ones); otherwise all of them; under the document mask only up to the last query that sees
+  // a key of this tile (the starts never decrease, so those queries are a prefix).
+  const int qend = docs.starts ? doc_query_end(docs, b, min(k0 + kBwdBk, seq_k) - 1, seq_q) : seq_q;
+  const int qt0 = CAUSAL ? k0 / BQ : 0, n_qt = (qend + BQ - 1) / BQ, per_head = max(0, n_qt - qt0),
             n_it = group * per_head;
+  const int32_t* starts = docs.starts ? docs.starts + int64_t(b) * docs.seq + docs.q_off : nullptr;
 
   // Issues the loads of step `it` (query head kvh·group + it / per_head, tile qt0 + it % per_head)
   // into buffer `buf`. Rows ≥ Tq read as zero (and lse = D = 0), masked below.
@@ -424,11 +448,15 @@ __global__ void __launch_bounds__(kTcThreads)
       const float* src = (tid < BQ ? lse : dvec) + stat_off + (ok ? t : 0);
       cp_async_4((tid < BQ ? ls : dd) + buf * BQ + i, src, ok);
     }
+    if (starts && tid < BQ) {
+      const int t = qrow0 + tid;
+      cp_async_4(fs + buf * BQ + tid, starts + (t < seq_q ? t : 0), t < seq_q);
+    }
   };
 
   load_tile_async<kBwdBk, DH>(ks, kg, kstride, k0, seq_k);
   load_tile_async<kBwdBk, DH>(vs, vg, kstride, k0, seq_k);
-  load_step(0, 0);
+  if (n_it > 0) load_step(0, 0);
   cp_async_commit();
 
   float dka[ND][4], dva[ND][4];
@@ -463,6 +491,10 @@ __global__ void __launch_bounds__(kTcThreads)
     // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ: 16 keys x BQ queries per warp.
     float st[NB][4], dpt[NB][4];
     mma_pair<NB, KS, kKeepKV>(st, dpt, kreg, vreg, ks, vs, warp * 16, qb, dob, LD, lane);
+    // Document mask: needed when the key tile starts before the last query's document (the
+    // largest start of the tile); global key positions compare with the staged starts.
+    const int32_t* fb = fs + buf * BQ;
+    const bool doc_mask = starts && k0 + docs.k_off < fb[min(BQ, seq_q - q0) - 1];
 
     // Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e), zero where query < key (CAUSAL) or query ≥ Tq
     // (tile padding, whose zero rows must not contribute); dSᵀ = Pᵀ ∘ (dPᵀ − D). Only tiles
@@ -475,9 +507,9 @@ __global__ void __launch_bounds__(kTcThreads)
       for (int e = 0; e < 4; ++e) {
         const int col = i * 8 + ((lane & 3) << 1) + (e & 1);
         float p = exp2f(fmaf(st[i][e], scale_log2, -lb[col] * kLog2e));
-        if (need_mask) {
+        if (need_mask || doc_mask) {
           const int key = k0 + warp * 16 + (lane >> 2) + ((e >> 1) << 3), query = q0 + col;
-          if ((CAUSAL && query < key) || query >= seq_q) p = 0.0f;
+          if ((CAUSAL && query < key) || query >= seq_q || (doc_mask && key + docs.k_off < fb[col])) p = 0.0f;
         }
         st[i][e] = p;
         dpt[i][e] = p * (dpt[i][e] - db[col]);
@@ -502,6 +534,7 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncthreads();  // buffer buf is free for step it+2's loads (issued in step it+1)
   }
+  cp_async_wait<0>();  // no copy may still be in flight at exit (a key tile no query sees)
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -525,13 +558,15 @@ constexpr size_t dq_tc_smem() {
 
 /// dQ for one (batch, query head, 64-query tile); grid (B·Hq, ceil(Tq / 64)), block 128 (warp w
 /// owns query rows q0 + 16w ..), dynamic smem dq_tc_smem<DH>(). Per key tile: S = Q·Kᵀ,
-/// dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K (K as a [k][n] tile → .trans).
+/// dP = dO·Vᵀ, dS = P ∘ (dP − D), dQ += dS·K (K as a [k][n] tile → .trans). docs: the
+/// document mask (DocTable; starts nullptr = none): key tiles below the first row's document
+/// start are skipped.
 template <int DH, class TG, bool ACC, bool CAUSAL>
 __global__ void __launch_bounds__(kTcThreads)
     attn_bwd_dq_tc(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                    const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ dvec,
                    TG* __restrict__ dq, int seq_q, int seq_k_arg, int hq, int hkv, float scale,
-                   float scale_log2) {
+                   float scale_log2, DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int BK = dq_bk<DH>(), LD = DH + 8, KS = DH / 16, NB = BK / 8, ND = DH / 8;
@@ -554,11 +589,16 @@ __global__ void __launch_bounds__(kTcThreads)
   // it (and any other tile with k0 + BK > q0) is masked. Otherwise every key tile; a partial
   // last one is masked.
   const int kend = CAUSAL ? min(q0 + kTcRows, seq_q) : seq_k, n_kt = (kend + BK - 1) / BK;
+  // Document mask: key tiles before td.kt0 hold no key any row sees.
+  const TileDocs td = tile_docs<BK>(docs, b, q0, seq_q, warp, lane);
+  const int kt0 = td.kt0;
 
   load_tile_async<kTcRows, DH>(qs, q + head_off, qstride, q0, seq_q);
   load_tile_async<kTcRows, DH>(dos, dout + head_off, qstride, q0, seq_q);
-  load_tile_async<BK, DH>(ks, kg, kstride, 0, seq_k);
-  load_tile_async<BK, DH>(vs, vg, kstride, 0, seq_k);
+  if (kt0 < n_kt) {
+    load_tile_async<BK, DH>(ks, kg, kstride, kt0 * BK, seq_k);
+    load_tile_async<BK, DH>(vs, vg, kstride, kt0 * BK, seq_k);
+  }
   cp_async_commit();
 
   // This thread's rows g and g + 8 of the warp: lse in base-2 units and D (0 past Tq: those
@@ -577,8 +617,8 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int i = 0; i < ND; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
   uint32_t qreg[kKeepQ ? KS : 1][4], doreg[kKeepQ ? KS : 1][4];
 
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int buf = kt & 1;
+  for (int kt = kt0; kt < n_kt; ++kt) {
+    const int buf = (kt - kt0) & 1;
     if (kt + 1 < n_kt) {
       load_tile_async<BK, DH>(ks + (buf ^ 1) * BK * LD, kg, kstride, (kt + 1) * BK, seq_k);
       load_tile_async<BK, DH>(vs + (buf ^ 1) * BK * LD, vg, kstride, (kt + 1) * BK, seq_k);
@@ -588,7 +628,7 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();
 
     if constexpr (kKeepQ) {
-      if (kt == 0) {
+      if (kt == kt0) {
 #pragma unroll
         for (int s = 0; s < KS; ++s) {
           ldsm_x4(qreg[s], qs + a_off(lane, warp * 16, s * 16, LD));
@@ -605,17 +645,21 @@ __global__ void __launch_bounds__(kTcThreads)
 
     // Without CAUSAL the zero-filled keys ≥ Tk must be masked too: their P = exp(−lse) is not
     // zero (and may overflow, and inf · 0 = NaN in dS·K).
+    // Under the document mask, keys before the row's document start in tiles that reach below
+    // the last row's start.
     const bool need_mask = CAUSAL ? k0 + BK > q0 : k0 + BK > seq_k;
+    const bool doc_mask = docs.starts && k0 < td.fk_last;
 #pragma unroll
     for (int i = 0; i < NB; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int rr = e >> 1;
         float p = exp2f(fmaf(sacc[i][e], scale_log2, -l2[rr]));
-        if (need_mask) {
+        if (need_mask || doc_mask) {
           const int row = q0 + warp * 16 + (lane >> 2) + rr * 8;
           const int key = k0 + i * 8 + ((lane & 3) << 1) + (e & 1);
           if (CAUSAL ? key > row : key >= seq_k) p = 0.0f;  // CAUSAL: also keys ≥ T for rows < T
+          if (key < td.fk[rr]) p = 0.0f;                    // fk = 0 without a document mask
         }
         sacc[i][e] = p * (dpa[i][e] - dr[rr]);  // dS
       }
@@ -634,6 +678,7 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncthreads();
   }
+  cp_async_wait<0>();  // no copy may still be in flight at exit (a query tile that sees no key tile)
 
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -648,7 +693,7 @@ __global__ void __launch_bounds__(kTcThreads)
 template <int DH, class TG, bool ACC, bool CAUSAL>
 void launch_bwd_tc(const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& lse, const Tensor& dvec, float scale, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, cudaStream_t stream) {
+                   const Tensor& dv, const DocTable& docs, cudaStream_t stream) {
   const auto* dop = static_cast<const bf16*>(dout.raw());
   const auto* qp = static_cast<const bf16*>(q.raw());
   const auto* kp = static_cast<const bf16*>(k.raw());
@@ -659,7 +704,7 @@ void launch_bwd_tc(const Dims& d, const Tensor& dout, const Tensor& q, const Ten
   const dim3 grid_kv(unsigned(d.b * d.hkv), unsigned((d.tk + kBwdBk - 1) / kBwdBk));
   attn_bwd_dkdv_tc<DH, TG, ACC, CAUSAL><<<grid_kv, kTcThreads, smem_kv, stream>>>(
       dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dk.raw()), static_cast<TG*>(dv.raw()), d.tq, d.tk,
-      d.hq, d.hkv, scale, scale * kLog2e);
+      d.hq, d.hkv, scale, scale * kLog2e, docs);
   MT_CUDA_LAUNCH("attn_bwd_dkdv_tc");
 
   constexpr size_t smem_q = dq_tc_smem<DH>();
@@ -667,18 +712,19 @@ void launch_bwd_tc(const Dims& d, const Tensor& dout, const Tensor& q, const Ten
   const dim3 grid_q(unsigned(d.b * d.hq), unsigned((d.tq + kTcRows - 1) / kTcRows));
   attn_bwd_dq_tc<DH, TG, ACC, CAUSAL><<<grid_q, kTcThreads, smem_q, stream>>>(
       dop, qp, kp, vp, lse.f32(), dvec.f32(), static_cast<TG*>(dq.raw()), d.tq, d.tk, d.hq, d.hkv, scale,
-      scale * kLog2e);
+      scale * kLog2e, docs);
   MT_CUDA_LAUNCH("attn_bwd_dq_tc");
 }
 
 /// Runs the backward of one checked call (d.tq ≥ 1, d.tk ≥ 1) after D = rowsum(dout ∘ out):
 /// D into an f32 temporary [B, Hq, Tq], then the dK/dV and dQ kernels (tensor cores for bf16
 /// with Dh 64 or 128 and 16-byte aligned data, fp32 SIMT otherwise). ACC: the gradients are
-/// f32 and accumulated; else they have q's dtype and are overwritten.
+/// f32 and accumulated; else they have q's dtype and are overwritten. docs: the document mask
+/// (starts nullptr = none).
 template <bool ACC, bool CAUSAL>
 void backward(Allocator* alloc, const Dims& d, const Tensor& dout, const Tensor& q, const Tensor& k,
               const Tensor& v, const Tensor& out, const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
-              const Tensor& dv, cudaStream_t stream) {
+              const Tensor& dv, const DocTable& docs, cudaStream_t stream) {
   Tensor dvec = Tensor::empty(alloc, {q.dim(0), q.dim(2), q.dim(1)}, DType::kF32, MemCategory::kTemporaries);
   const int64_t rows = int64_t(d.b) * d.tq * d.hq;
   MT_DISPATCH_FLOAT(q.dtype(), T, {
@@ -692,14 +738,14 @@ void backward(Allocator* alloc, const Dims& d, const Tensor& dout, const Tensor&
   if (tc) {
     using TG = std::conditional_t<ACC, float, bf16>;
     if (d.dh == 64)
-      launch_bwd_tc<64, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+      launch_bwd_tc<64, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
     else
-      launch_bwd_tc<128, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, stream);
+      launch_bwd_tc<128, TG, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale, dq, dk, dv, docs, stream);
     return;
   }
   MT_DISPATCH_FLOAT(q.dtype(), T,
                     (bwd_simt<T, std::conditional_t<ACC, float, T>, ACC, CAUSAL>(d, dout, q, k, v, lse, dvec, scale,
-                                                                                 dq, dk, dv, stream)));
+                                                                                 dq, dk, dv, docs, stream)));
 }
 
 /// The shapes both backward entry points require: dout, out, dq like q; dk, dv like k; lse
@@ -729,14 +775,14 @@ void CudaDevice::attention_backward(const Tensor& dout, const Tensor& q, const T
                                     const Tensor& dk, const Tensor& dv, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_backward";
-  refuse_document_mask(kFn, docs);
   const Dims d = check_qkv(kFn, q, k, v);
+  const DocTable dt = doc_table(kFn, d, docs);
   require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out, &dout, &dq, &dk, &dv}) cuda::require_same(q, *t, kFn);
   cuda::require_dtype(lse, DType::kF32, kFn, "lse");
   if (d.b == 0 || d.tq == 0) return;
-  backward<false, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
+  backward<false, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, dt, compute_);
 }
 
 /// Backward of one block of context-parallel attention (Device::attention_block_backward) with
@@ -751,8 +797,8 @@ void CudaDevice::attention_block_backward(const Tensor& dout, const Tensor& q, c
                                           const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_block_backward";
-  refuse_document_mask(kFn, docs);
   const Dims d = check_block_qkv(kFn, q, k, v, mask);
+  const DocTable dt = doc_table(kFn, d, docs);
   require_backward_shapes(kFn, q, k, dout, out, lse, dq, dk, dv);
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out, &dout}) cuda::require_same(q, *t, kFn);
@@ -763,9 +809,9 @@ void CudaDevice::attention_block_backward(const Tensor& dout, const Tensor& q, c
   // No query or no key: every gradient term is an empty sum, so there is nothing to add.
   if (d.b == 0 || d.tq == 0 || d.tk == 0) return;
   if (mask == AttentionMask::kCausal)
-    backward<true, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
+    backward<true, true>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, dt, compute_);
   else
-    backward<true, false>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, compute_);
+    backward<true, false>(allocator(), d, dout, q, k, v, out, lse, scale, dq, dk, dv, dt, compute_);
 }
 
 }  // namespace meshtrain

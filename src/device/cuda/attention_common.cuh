@@ -11,7 +11,11 @@
 /// backward's D = rowsum(dO ∘ O) f32 [B, Hq, Tq]. Query head h reads kv head h / (Hq / Hkv).
 /// CAUSAL kernels (Device::attention_forward / _backward, and the diagonal block of
 /// attention_block_*) have Tq == Tk and query t attends keys s ≤ t; the others (a key block
-/// wholly before the query block, Liu et al. 2023, Ring Attention) attend every key.
+/// wholly before the query block, Liu et al. 2023, Ring Attention) attend every key. Every
+/// kernel also takes a DocTable: under document masking (TorchTitan's block_causal) a query
+/// attends only keys at or after its document's start, key tiles wholly before a query tile's
+/// documents are skipped (FlashAttention-2's varlen / block-sparse idea, Dao 2023 §3), and so
+/// are, in the dK/dV kernels, query tiles wholly after a key tile's documents.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -89,17 +93,80 @@ inline Dims check_block_qkv(const char* fn, const Tensor& q, const Tensor& k, co
   return d;
 }
 
-/// @throws std::invalid_argument unless t has shape s.
-/// Document masking (DocumentMask, `[model] attn_mask_type = "block_causal"`) has no CUDA
-/// kernel yet: refused here rather than computed as plain causal attention.
-/// @throws std::invalid_argument when docs is active.
-inline void refuse_document_mask(const char* fn, const DocumentMask& docs) {
-  if (docs.active())
-    throw std::invalid_argument(std::string(fn) +
-                                ": document masking ([model] attn_mask_type = \"block_causal\") is not implemented "
-                                "yet on CUDA");
+/// The document mask of one kernel launch (DocumentMask, `[model] attn_mask_type =
+/// "block_causal"`), passed by value: starts = doc_start i32 [B, seq] in device memory (nullptr:
+/// no document mask), q_off / k_off the global positions of the call's first query / key row.
+/// Query i of sample b sees key s (both call-local) only when s + k_off ≥ starts[b·seq + q_off + i],
+/// on top of the causal rule. Documents are contiguous, so the starts never decrease along a
+/// sample and every row's visible keys are one range: the kernels skip key tiles below a query
+/// tile's first start and query tiles past the last query of a key tile's documents.
+struct DocTable {
+  const int32_t* starts = nullptr;
+  int seq = 0, q_off = 0, k_off = 0;
+};
+
+/// The DocTable of `docs` for a call of sizes d named `fn` ({} when docs is inactive).
+/// @throws std::invalid_argument unless docs.doc_start is i32 [B, T] with T covering queries
+///         q_offset … q_offset + Tq − 1 and keys k_offset … k_offset + Tk − 1 (T < 2³¹), the
+///         rule of CpuDevice's kernels.
+inline DocTable doc_table(const char* fn, const Dims& d, const DocumentMask& docs) {
+  if (!docs.active()) return {};
+  const Tensor& t = docs.doc_start;
+  if (t.dtype() != DType::kI32 || t.ndim() != 2 || t.dim(0) != d.b || docs.q_offset < 0 || docs.k_offset < 0 ||
+      t.dim(1) < docs.q_offset + d.tq || t.dim(1) < docs.k_offset + d.tk || t.dim(1) > INT_MAX)
+    throw std::invalid_argument(std::string(fn) + ": doc_start must be i32 [B = " + std::to_string(d.b) +
+                                ", T] covering queries from " + std::to_string(docs.q_offset) + " and keys from " +
+                                std::to_string(docs.k_offset) + ", got " + dtype_name(t.dtype()) + " " +
+                                shape_str(t.shape()));
+  return DocTable{t.i32(), int(t.dim(1)), int(docs.q_offset), int(docs.k_offset)};
 }
 
+/// The first key (call-local; may be < 0, meaning key 0, or past the last key, meaning none)
+/// that query i (call-local, < Tq) of sample b sees under the document mask t (t.starts set).
+__device__ __forceinline__ int doc_first_key(const DocTable& t, int b, int i) {
+  return __ldg(t.starts + int64_t(b) * t.seq + t.q_off + i) - t.k_off;
+}
+
+/// How many leading queries of sample b (of seq_q) see some key ≤ key (call-local) under the
+/// document mask t (t.starts set): the first i with doc_first_key(i) > key, by binary search
+/// (the starts never decrease), seq_q when none. Queries from there on see no key ≤ key.
+__device__ __forceinline__ int doc_query_end(const DocTable& t, int b, int key, int seq_q) {
+  int lo = 0, hi = seq_q;
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (doc_first_key(t, b, mid) > key)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+/// The document mask's bounds for one tensor-core query tile (kTcRows rows from q0, warp w owning
+/// rows q0 + 16w …): fk, the first keys of this thread's rows g = lane / 4 and g + 8 (rows ≥ Tq,
+/// never stored, see none); kt0, the first key tile of BK keys holding a key any row sees (the
+/// starts never decrease, so it is the first row's); fk_last, the last row's first key: a key
+/// tile starting below it needs the per-element mask, one at or above it is visible to every
+/// row. All 0 without a mask (docs.starts nullptr).
+struct TileDocs {
+  int fk[2] = {0, 0};
+  int kt0 = 0, fk_last = 0;
+};
+template <int BK>
+__device__ __forceinline__ TileDocs tile_docs(const DocTable& docs, int b, int q0, int seq_q, int warp, int lane) {
+  TileDocs r;
+  if (!docs.starts) return r;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int t = q0 + warp * 16 + (lane >> 2) + rr * 8;
+    r.fk[rr] = t < seq_q ? doc_first_key(docs, b, t) : INT_MAX;
+  }
+  r.kt0 = max(0, doc_first_key(docs, b, q0)) / BK;
+  r.fk_last = doc_first_key(docs, b, min(q0 + kTcRows, seq_q) - 1);
+  return r;
+}
+
+/// @throws std::invalid_argument unless t has shape s.
 inline void require_shape(const char* fn, const char* arg, const Tensor& t, const Shape& s) {
   if (t.shape() != s)
     throw std::invalid_argument(std::string(fn) + ": " + arg + " must be " + shape_str(s) + ", got " +

@@ -18,6 +18,10 @@
 //  - attn_fwd_simt<T, TO, CAUSAL, DHP>: fp32 math for f32 tensors (the 1e-5 correctness path)
 //    and for bf16 with other head dims; 16 query rows per block, 32 keys per tile (one per lane).
 //  - attn_merge: the elementwise log-sum-exp merge of two partial results.
+// Under a document mask (DocTable) a query tile starts at the key tile holding its first row's
+// document start, masks keys before each row's start where a tile reaches below the last row's,
+// and a row that sees no key (a context-parallel block wholly outside its document) writes out 0
+// and lse −inf, which attn_merge skips.
 #include <cmath>
 
 #include "device/cuda/attention_common.cuh"
@@ -41,11 +45,13 @@ inline size_t fwd_simt_smem(int dh) {
 
 /// grid (B·Hq, ceil(Tq / 16)), block 128, dynamic smem fwd_simt_smem(dh). DHP ≥ dh is the
 /// per-warp register capacity of the head dim (lane owns dims lane + 32c, c < DHP / 32). CAUSAL
-/// takes Tk = Tq (seq_k_arg is ignored).
+/// takes Tk = Tq (seq_k_arg is ignored). docs: the document mask (DocTable; starts nullptr =
+/// none); a row that sees no key gets out 0 and lse −inf.
 template <class T, class TO, bool CAUSAL, int DHP>
 __global__ void __launch_bounds__(kSimtThreads, 1)
     attn_fwd_simt(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, TO* __restrict__ out,
-                  float* __restrict__ lse, int seq_q, int seq_k_arg, int hq, int hkv, int dh, float scale) {
+                  float* __restrict__ lse, int seq_q, int seq_k_arg, int hq, int hkv, int dh, float scale,
+                  DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int R = kSimtRowsPerWarp, NC = DHP / 32;
@@ -71,19 +77,26 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
     qs[i] = t < seq_q ? to_f(qg[int64_t(t) * qstride + c]) * scale : 0.0f;
   }
 
+  // fk[r]: the first key row r sees under the document mask (0 without one; rows ≥ Tq, never
+  // stored, see none).
   float m[R], l[R], o[R][NC];
+  int fk[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     m[r] = -INFINITY;
     l[r] = 0.0f;
 #pragma unroll
     for (int c = 0; c < NC; ++c) o[r][c] = 0.0f;
+    const int t = q0 + warp * R + r;
+    fk[r] = !docs.starts ? 0 : t < seq_q ? doc_first_key(docs, b, t) : INT_MAX;
   }
 
-  // Keys any row of this block may attend.
+  // Keys any row of this block may attend: from the first row's document start (the starts
+  // never decrease, so the earlier tiles hold no visible key) to kend.
   const int kend = CAUSAL ? min(q0 + kSimtRows, seq_q) : seq_k;
   const int n_kt = (kend + kSimtCols - 1) / kSimtCols;
-  for (int kt = 0; kt < n_kt; ++kt) {
+  const int kt0 = docs.starts ? max(0, doc_first_key(docs, b, q0)) / kSimtCols : 0;
+  for (int kt = kt0; kt < n_kt; ++kt) {
     const int k0 = kt * kSimtCols;
     __syncthreads();  // the previous tile is consumed before it is overwritten
     for (int i = tid; i < kSimtCols * dh; i += kSimtThreads) {
@@ -112,11 +125,12 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int t = q0 + warp * R + r;
-      const bool valid = (!CAUSAL || key <= t) && key < seq_k;
+      const bool valid = (!CAUSAL || key <= t) && key < seq_k && key >= fk[r];
       const float s = valid ? sc[r] : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(s));
-      // m_new is -inf only while a row has seen no valid key (never for rows < Tq once Tk ≥ 1,
-      // key 0 being in the first tile); a finite base keeps exp(−inf − base) = 0, not NaN.
+      // m_new is -inf only while a row has seen no valid key (without a document mask never for
+      // rows < Tq once Tk ≥ 1, key 0 being in the first tile); a finite base keeps
+      // exp(−inf − base) = 0, not NaN.
       const float base = m_new == -INFINITY ? 0.0f : m_new;
       const float alpha = expf(m[r] - base);
       p[r] = valid ? expf(s - base) : 0.0f;
@@ -135,37 +149,38 @@ __global__ void __launch_bounds__(kSimtThreads, 1)
   for (int r = 0; r < R; ++r) {
     const int t = q0 + warp * R + r;
     if (t >= seq_q) continue;  // warp-uniform
-    const float inv = 1.0f / l[r];
+    // l = 0: the row saw no key (document mask): out 0 (o is 0) and lse −inf, CpuDevice's values.
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     TO* orow = out + (int64_t(b) * seq_q + t) * qstride + int64_t(h) * dh;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int d = lane + 32 * c;
       if (d < dh) store_out<TO, false>(orow + d, o[r][c] * inv);
     }
-    if (lane == 0) lse[(int64_t(b) * hq + h) * seq_q + t] = m[r] + logf(l[r]);
+    if (lane == 0) lse[(int64_t(b) * hq + h) * seq_q + t] = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
   }
 }
 
 template <class T, class TO, bool CAUSAL, int DHP>
 void launch_fwd_simt(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                     const Tensor& lse, float scale, cudaStream_t stream) {
+                     const Tensor& lse, float scale, const DocTable& docs, cudaStream_t stream) {
   const size_t smem = fwd_simt_smem(d.dh);
   allow_dynamic_smem(attn_fwd_simt<T, TO, CAUSAL, DHP>, smem);
   const dim3 grid(unsigned(d.b * d.hq), unsigned((d.tq + kSimtRows - 1) / kSimtRows));
   attn_fwd_simt<T, TO, CAUSAL, DHP><<<grid, kSimtThreads, smem, stream>>>(
       static_cast<const T*>(q.raw()), static_cast<const T*>(k.raw()), static_cast<const T*>(v.raw()),
-      static_cast<TO*>(out.raw()), lse.f32(), d.tq, d.tk, d.hq, d.hkv, d.dh, scale);
+      static_cast<TO*>(out.raw()), lse.f32(), d.tq, d.tk, d.hq, d.hkv, d.dh, scale, docs);
   MT_CUDA_LAUNCH("attn_fwd_simt");
 }
 
 template <class T, class TO, bool CAUSAL>
 void fwd_simt(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-              const Tensor& lse, float scale, cudaStream_t stream) {
+              const Tensor& lse, float scale, const DocTable& docs, cudaStream_t stream) {
   switch (simt_dh_cap(d.dh)) {
-    case 32: return launch_fwd_simt<T, TO, CAUSAL, 32>(d, q, k, v, out, lse, scale, stream);
-    case 64: return launch_fwd_simt<T, TO, CAUSAL, 64>(d, q, k, v, out, lse, scale, stream);
-    case 128: return launch_fwd_simt<T, TO, CAUSAL, 128>(d, q, k, v, out, lse, scale, stream);
-    default: return launch_fwd_simt<T, TO, CAUSAL, 256>(d, q, k, v, out, lse, scale, stream);
+    case 32: return launch_fwd_simt<T, TO, CAUSAL, 32>(d, q, k, v, out, lse, scale, docs, stream);
+    case 64: return launch_fwd_simt<T, TO, CAUSAL, 64>(d, q, k, v, out, lse, scale, docs, stream);
+    case 128: return launch_fwd_simt<T, TO, CAUSAL, 128>(d, q, k, v, out, lse, scale, docs, stream);
+    default: return launch_fwd_simt<T, TO, CAUSAL, 256>(d, q, k, v, out, lse, scale, docs, stream);
   }
 }
 
@@ -185,12 +200,13 @@ constexpr size_t fwd_tc_smem() {
 /// grid (B·Hq, ceil(Tq / 64)), block 128 (warp w owns query rows q0 + 16w .. q0 + 16w + 15),
 /// dynamic smem fwd_tc_smem<DH>(). scale_log2 = scale · log2(e): scores are kept in base-2 units
 /// so each probability is one exp2f. Pointers 16-byte aligned. CAUSAL takes Tk = Tq
-/// (seq_k_arg is ignored).
+/// (seq_k_arg is ignored). docs: the document mask (DocTable; starts nullptr = none); a row
+/// that sees no key gets out 0 and lse −inf.
 template <int DH, class TO, bool CAUSAL>
 __global__ void __launch_bounds__(kTcThreads)
     attn_fwd_tc(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                 TO* __restrict__ out, float* __restrict__ lse, int seq_q, int seq_k_arg, int hq, int hkv,
-                float scale_log2) {
+                float scale_log2, DocTable docs) {
   // CAUSAL blocks are square; reading seq_q for both keeps one value live.
   const int seq_k = CAUSAL ? seq_q : seq_k_arg;
   constexpr int LD = DH + 8, KS = DH / 16, NB = kFwdBk / 8, ND = DH / 8;
@@ -212,10 +228,15 @@ __global__ void __launch_bounds__(kTcThreads)
   // every key < min(q0 + 64, T); tiles before it are entirely visible (all their keys < q0 ≤
   // every row). Otherwise every key tile.
   const int n_kt = CAUSAL ? qt + 1 : (seq_k + kFwdBk - 1) / kFwdBk;
+  // Document mask: key tiles before td.kt0 hold no key any row sees.
+  const TileDocs td = tile_docs<kFwdBk>(docs, b, q0, seq_q, warp, lane);
+  const int kt0 = td.kt0;
 
   load_tile_async<kTcRows, DH>(qs, qg, qstride, q0, seq_q);
-  load_tile_async<kFwdBk, DH>(ks, kg, kstride, 0, seq_k);
-  load_tile_async<kFwdBk, DH>(vs, vg, kstride, 0, seq_k);
+  if (kt0 < n_kt) {
+    load_tile_async<kFwdBk, DH>(ks, kg, kstride, kt0 * kFwdBk, seq_k);
+    load_tile_async<kFwdBk, DH>(vs, vg, kstride, kt0 * kFwdBk, seq_k);
+  }
   cp_async_commit();
 
   uint32_t qf[KS][4];
@@ -226,8 +247,8 @@ __global__ void __launch_bounds__(kTcThreads)
   // scaled base-2 units, l is this thread's partial row sum (reduced over the quad at the end).
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  for (int kt = 0; kt < n_kt; ++kt) {
-    const int buf = kt & 1;
+  for (int kt = kt0; kt < n_kt; ++kt) {
+    const int buf = (kt - kt0) & 1;
     if (kt + 1 < n_kt) {
       // Buffer buf^1 was last read in iteration kt-1, which ended with __syncthreads.
       load_tile_async<kFwdBk, DH>(ks + (buf ^ 1) * kFwdBk * LD, kg, kstride, (kt + 1) * kFwdBk, seq_k);
@@ -237,7 +258,7 @@ __global__ void __launch_bounds__(kTcThreads)
     cp_async_wait<1>();
     __syncthreads();
 
-    if (kt == 0) {
+    if (kt == kt0) {
 #pragma unroll
       for (int s = 0; s < KS; ++s) ldsm_x4(qf[s], qs + a_off(lane, warp * 16, s * 16, LD));
     }
@@ -289,6 +310,15 @@ __global__ void __launch_bounds__(kTcThreads)
             if (i * 8 + (e & 1) >= kn) sacc[i][e] = -INFINITY;
       }
     }
+    // Document mask: keys before the row's document start, in tiles that reach below the last
+    // row's start (tiles wholly at or above it are visible to every row of the tile).
+    if (docs.starts && kt * kFwdBk < td.fk_last) {
+#pragma unroll
+      for (int i = 0; i < NB; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (kt * kFwdBk + i * 8 + ((lane & 3) << 1) + (e & 1) < td.fk[e >> 1]) sacc[i][e] = -INFINITY;
+    }
 
     // Online softmax (FlashAttention-2 Algorithm 1, lines 8-10), per row rr.
 #pragma unroll
@@ -333,8 +363,10 @@ __global__ void __launch_bounds__(kTcThreads)
     }
     __syncthreads();  // every warp is done with buffer buf before iteration kt+1 refills it
   }
+  cp_async_wait<0>();  // no copy may still be in flight at exit (a query tile that saw no key tile)
 
-  // Epilogue: full row sums, normalize, store rows < Tq.
+  // Epilogue: full row sums, normalize, store rows < Tq. l = 0: the row saw no key (document
+  // mask): out 0 (o is 0) and lse −inf, CpuDevice's values.
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
@@ -344,45 +376,47 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int rr = 0; rr < 2; ++rr) {
     const int t = q0 + warp * 16 + (lane >> 2) + rr * 8;
     if (t >= seq_q) continue;
-    const float inv = 1.0f / l[rr];
+    const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
     TO* orow = out + (int64_t(b) * seq_q + t) * qstride + int64_t(h) * DH + ((lane & 3) << 1);
 #pragma unroll
     for (int i = 0; i < ND; ++i) store_out2<TO, false>(orow + i * 8, o[i][2 * rr] * inv, o[i][2 * rr + 1] * inv);
     // Natural log of Σ exp(scaled score): m is in base-2 units.
-    if ((lane & 3) == 0) lse[(int64_t(b) * hq + h) * seq_q + t] = m[rr] * kLn2 + logf(l[rr]);
+    if ((lane & 3) == 0)
+      lse[(int64_t(b) * hq + h) * seq_q + t] = l[rr] > 0.0f ? m[rr] * kLn2 + logf(l[rr]) : -INFINITY;
   }
 }
 
 template <int DH, class TO, bool CAUSAL>
 void launch_fwd_tc(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                   const Tensor& lse, float scale, cudaStream_t stream) {
+                   const Tensor& lse, float scale, const DocTable& docs, cudaStream_t stream) {
   constexpr size_t smem = fwd_tc_smem<DH>();
   allow_dynamic_smem(attn_fwd_tc<DH, TO, CAUSAL>, smem);
   const dim3 grid(unsigned(d.b * d.hq), unsigned((d.tq + kTcRows - 1) / kTcRows));
   attn_fwd_tc<DH, TO, CAUSAL><<<grid, kTcThreads, smem, stream>>>(
       static_cast<const bf16*>(q.raw()), static_cast<const bf16*>(k.raw()), static_cast<const bf16*>(v.raw()),
-      static_cast<TO*>(out.raw()), lse.f32(), d.tq, d.tk, d.hq, d.hkv, scale * kLog2e);
+      static_cast<TO*>(out.raw()), lse.f32(), d.tq, d.tk, d.hq, d.hkv, scale * kLog2e, docs);
   MT_CUDA_LAUNCH("attn_fwd_tc");
 }
 
 /// Runs the forward of one checked call (d.tq ≥ 1, d.tk ≥ 1): the tensor-core kernel for bf16
 /// with Dh 64 or 128 and 16-byte aligned data, else the fp32 SIMT kernel. The output is f32
-/// when F32_OUT, else q's dtype.
+/// when F32_OUT, else q's dtype. docs: the document mask (starts nullptr = none).
 template <bool F32_OUT, bool CAUSAL>
 void forward(const Dims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-             float scale, cudaStream_t stream) {
+             float scale, const DocTable& docs, cudaStream_t stream) {
   const bool tc = q.dtype() == DType::kBF16 && (d.dh == 64 || d.dh == 128) && aligned16(q) && aligned16(k) &&
                   aligned16(v) && aligned16(out);
   if (tc) {
     using TO = std::conditional_t<F32_OUT, float, bf16>;
     if (d.dh == 64)
-      launch_fwd_tc<64, TO, CAUSAL>(d, q, k, v, out, lse, scale, stream);
+      launch_fwd_tc<64, TO, CAUSAL>(d, q, k, v, out, lse, scale, docs, stream);
     else
-      launch_fwd_tc<128, TO, CAUSAL>(d, q, k, v, out, lse, scale, stream);
+      launch_fwd_tc<128, TO, CAUSAL>(d, q, k, v, out, lse, scale, docs, stream);
     return;
   }
   MT_DISPATCH_FLOAT(q.dtype(), T,
-                    (fwd_simt<T, std::conditional_t<F32_OUT, float, T>, CAUSAL>(d, q, k, v, out, lse, scale, stream)));
+                    (fwd_simt<T, std::conditional_t<F32_OUT, float, T>, CAUSAL>(d, q, k, v, out, lse, scale, docs,
+                                                                                stream)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -439,15 +473,15 @@ void CudaDevice::attention_forward(const Tensor& q, const Tensor& k, const Tenso
                                    const Tensor& lse, float scale, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_forward";
-  refuse_document_mask(kFn, docs);
   const Dims d = check_qkv(kFn, q, k, v);
+  const DocTable dt = doc_table(kFn, d, docs);
   require_shape(kFn, "out", out, q.shape());
   require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
   cuda::require_float(q, kFn, "q");
   for (const Tensor* t : {&k, &v, &out}) cuda::require_same(q, *t, kFn);
   cuda::require_dtype(lse, DType::kF32, kFn, "lse");
   if (d.b == 0 || d.tq == 0) return;
-  forward<false, true>(d, q, k, v, out, lse, scale, compute_);
+  forward<false, true>(d, q, k, v, out, lse, scale, dt, compute_);
 }
 
 /// One block of context-parallel attention (Device::attention_block_forward): the same kernels
@@ -458,8 +492,8 @@ void CudaDevice::attention_block_forward(const Tensor& q, const Tensor& k, const
                                          const Tensor& out, const Tensor& lse, float scale, const DocumentMask& docs) {
   using namespace cuda::attn;
   static constexpr const char* kFn = "attention_block_forward";
-  refuse_document_mask(kFn, docs);
   const Dims d = check_block_qkv(kFn, q, k, v, mask);
+  const DocTable dt = doc_table(kFn, d, docs);
   require_shape(kFn, "out", out, q.shape());
   require_shape(kFn, "lse", lse, {q.dim(0), q.dim(2), q.dim(1)});
   cuda::require_float(q, kFn, "q");
@@ -474,9 +508,9 @@ void CudaDevice::attention_block_forward(const Tensor& q, const Tensor& k, const
     return;
   }
   if (mask == AttentionMask::kCausal)
-    forward<true, true>(d, q, k, v, out, lse, scale, compute_);
+    forward<true, true>(d, q, k, v, out, lse, scale, dt, compute_);
   else
-    forward<true, false>(d, q, k, v, out, lse, scale, compute_);
+    forward<true, false>(d, q, k, v, out, lse, scale, dt, compute_);
 }
 
 /// Log-sum-exp merge of a block into the running result (Device::attention_merge), one warp

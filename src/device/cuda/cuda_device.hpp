@@ -127,9 +127,11 @@ class CudaDevice final : public Device {
                           const Tensor& lse, float scale, const Tensor& dq, const Tensor& dk,
                           const Tensor& dv, const DocumentMask& docs = {}) override;
   /// The kernels of attention_forward (FlashAttention-2, Dao 2023; tensor cores for bf16 with
-  /// Dh 64 or 128 and 16-byte aligned data) on one ring-attention block, unmasked or causal:
-  /// q, k, v f32 or bf16 (one dtype); out and lse f32. @throws std::invalid_argument as
-  /// Device::attention_block_forward (also for Dh odd or outside [2, 256]).
+  /// Dh 64 or 128 and 16-byte aligned data) on one ring-attention block, unmasked or causal,
+  /// with or without a document mask (key tiles wholly outside it skipped; a row that sees no
+  /// key gets out 0 and lse −inf): q, k, v f32 or bf16 (one dtype); out and lse f32.
+  /// @throws std::invalid_argument as Device::attention_block_forward (also for Dh odd or
+  ///         outside [2, 256], or a doc_start that is not i32 [B, T] covering the block).
   void attention_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, AttentionMask mask,
                                const Tensor& out, const Tensor& lse, float scale,
                                const DocumentMask& docs = {}) override;
