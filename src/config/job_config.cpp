@@ -244,10 +244,6 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
     fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
                                         str(d.tp) + " (sequence parallelism shards each sample's tokens over tp; "
                                         "[parallelism] enable_sequence_parallel = false lifts the rule)");
-  if (a.attn_mask_type == "block_causal" && training.device == "cuda")
-    fail(*this, model.attn_mask_type.empty() ? "model.flavor" : "model.attn_mask_type",
-         "attn_mask_type \"block_causal\" on device \"cuda\" is not implemented yet (the CPU kernels have "
-         "document masking; set attn_mask_type = \"causal\" or device = \"cpu\")");
   if (d.cp > 1 && p.context_parallel_rotate_method == "ulysses")
     for (auto [what, heads] : {std::pair{"n_heads", a.n_heads}, std::pair{"n_kv_heads", a.n_kv_heads}})
       if (heads % (d.cp * d.tp))

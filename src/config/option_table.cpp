@@ -205,7 +205,7 @@ std::vector<Option> build_option_table() {
           std::tuple{"attn_mask_type", &ModelSection::attn_mask_type,
                      "causal, or block_causal: each token attends only to earlier tokens of its own document of the "
                      "packed sample (a document ends with its EOS token, the store's eos_id; RoPE keeps sample "
-                     "positions); not yet on CUDA",
+                     "positions)",
                      std::vector<std::string>{"causal", "block_causal"}}}) {
       s.str(key, field, meaning, choices);
       o.back().default_text = F;

@@ -230,8 +230,8 @@ Table build_table() {
   t.shared("flavor", "\"debugmodel\"",
            honoured("qwen3 debugmodel_moe / 30B-A3B / 235B-A22B are the Mixture-of-Experts flavors; llama3 "
                     "debugmodel_flex_attn / debugmodel_varlen_attn / 8B_flex / 8B_varlen: honoured as debugmodel / 8B "
-                    "with [model] attn_type flex / varlen and attn_mask_type = \"block_causal\" (document masking; "
-                    "not implemented yet on CUDA)"));
+                    "with [model] attn_type flex / varlen and attn_mask_type = \"block_causal\" (document "
+                    "masking)"));
   t.shared("hf_assets_path", "\"./tests/assets/tokenizer\"",
            honoured("`meshtrain data prepare --hf-assets-path` reads its tokenizer.model and `ckpt export` copies its "
                     "tokenizer files next to model.safetensors; a folder that does not exist here: notice (training "
