@@ -98,6 +98,19 @@ with C' = 1 when full activation checkpointing recomputes the blocks (their forw
 again), else 0 (backward reuses the forward's counts). The logged tokens per expert
 (moe_tokens_per_expert) must equal the same positional routing summed over the step's sequences.
 
+Muon ([optimizer] name = "Muon"; layouts muon-tp, muon-moe-ep): each 2-D hidden weight and each routed expert is
+dealt, in model order, to the (shard rank s, tp rank t) of its shard group (fsdp, or efsdp for
+routed experts; N_g ranks) x tp (T ranks) with the least Newton-Schulz work so far
+(5 * (4 k^2 l + 2 k^3), k/l = min/max of its global [rows, cols]); a matrix one shard rank holds
+whole stays with that rank. Per step, rank 0 (s = 0, t = 0) sends, in float32 (4 bytes/element),
+with piece_k(x) = the elements of matrix x in shard rank k's dim-0 rows of the tp-local tensor:
+  MUON    <g> all_to_all  4 * (sum over x with s(x) != 0 of piece_0(x)        (its rows to the owner)
+                               + sum over x with s(x) == 0 of sum_{k != 0} piece_k(x))  (results back)
+          tp all_to_all   4 * (sum over tp-split x with s(x) == 0, t(x) != 0 of its tp-local elements
+                               + sum over x with s(x) == 0, t(x) == 0 of (T-1) slabs back, a matrix
+                               replicated over tp (router, experts) whole: (T-1) * rows * cols)
+(the owner of a tp-split matrix receives the others' slabs, assembles and orthogonalizes it).
+
 usage: /usr/bin/python3 perf/comm_volume.py [--ranks 4 8] [--layouts ddp fsdp tp ...] [--variants-ranks 4] [--steps 3]
            [--deck tests/equivalence/tiny.toml] [--decks tiny tied debug qwen3] [--local-batch 2]
            [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain] [--timeout S]
@@ -182,6 +195,9 @@ LAYOUTS = {
     "moe-ep": (1, "N", 3, 1, None, {"moe": True, "ep": 2, "ranks": (4,)}),
     "moe-ep-hsdp": (2, "N/2", 3, 1, None, {"moe": True, "ep": 2, "ranks": (4,)}),
     "moe-ep-ac-ga2": (1, "N", 3, 2, None, {"moe": True, "ep": 4, "ac": "full", "ranks": (4,)}),
+    # Muon: the matrix exchange over fsdp x tp (uneven FFN split), and over fsdp and efsdp at ep 2.
+    "muon-tp": (1, "N/2", 3, 1, None, {"muon": True, "tp": 2, "model": {"ffn_hidden_dim": 250}, "ranks": (4,)}),
+    "muon-moe-ep": (1, "N", 3, 1, None, {"muon": True, "moe": True, "ep": 2, "ranks": (4,)}),
 }
 MOE_MODEL = {"n_layers": 4, "n_dense_layers": 1, "num_experts": 8, "top_k": 2, "moe_inter_dim": 48,
              "num_shared_experts": 1}
@@ -339,6 +355,73 @@ def split_expert_units(units):
     dense = [(n, [(q, sh) for q, sh in ps if ".moe.experts." not in q], h) for n, ps, h in units]
     experts = [(n, [(q, sh) for q, sh in ps if ".moe.experts." in q], h) for n, ps, h in units]
     return dense, [u for u in experts if u[1]]
+
+
+def muon_matrix(m, name):
+    """(global rows, global cols, tp split: 0 rows / 1 columns / None replicated) of a Muon matrix."""
+    D, Hq, Hkv = m["dim"], m["n_heads"], m["n_kv_heads"]
+    Dh = m.get("head_dim") or D // Hq
+    He, ns = m.get("moe_inter_dim", 0), m.get("num_shared_experts", 0)
+    leaf = name.split(".")[-2] if name.endswith(".weight") else name.split(".")[-1]
+    if ".moe.experts." in name:
+        return (He, D, None) if leaf in ("w1", "w3") else (D, He, None)
+    if ".moe.router." in name:
+        return m["num_experts"], D, None
+    H = ns * He if ".shared_experts." in name else m["ffn_dim"]
+    return {"wq": (Hq * Dh, D, 0), "wk": (Hkv * Dh, D, 0), "wv": (Hkv * Dh, D, 0), "wo": (D, Hq * Dh, 1),
+            "w1": (H, D, 0), "w3": (H, D, 0), "w2": (D, H, 1)}[leaf]
+
+
+def expected_muon_bytes(m, T, N, ep):
+    """{(group, "all_to_all"): bytes} rank 0 sends in Muon's matrix exchange per step (see the
+    docstring's MUON terms), from an independent re-derivation of the owner dealing."""
+    units = model_units(m, T, ep)
+    sizes = {"fsdp": N, "efsdp": N // ep if ep > 1 else N}
+    load = {g: [0.0] * (n * T) for g, n in sizes.items()}
+    out = {}
+
+    def add(group, v):
+        if v:
+            out[(group, "all_to_all")] = out.get((group, "all_to_all"), Fraction(0)) + FLOAT_BYTES * v
+
+    def rows_of(rows, row_elems, n, k):  # shard rank k's element range of a [rows, ...] tensor
+        per = ceil_div(rows, n)
+        first = min(rows, k * per)
+        return first * row_elems, (min(rows, first + per) - first) * row_elems
+
+    def overlap(a, b):
+        return max(0, min(a[0] + a[1], b[0] + b[1]) - max(a[0], b[0]))
+
+    for _, params, _ in units:
+        for name, shape in params:
+            if len(shape) < 2 or name in ("tok_embeddings.weight", "output.weight"):
+                continue
+            expert = ".moe.experts." in name
+            group = "efsdp" if expert and ep > 1 else "fsdp"
+            n = sizes[group]
+            R, C, split = muon_matrix(m, name)
+            k_, l_ = min(R, C), max(R, C)
+            cost = 5 * (4 * k_ * k_ * l_ + 2 * k_ ** 3)
+            row_elems = numel(shape[1:])
+            mats = [(e * numel(shape[1:]), numel(shape[1:])) for e in range(shape[0])] if expert else [(0, numel(shape))]
+            for unit in mats:
+                pieces = [overlap(rows_of(shape[0], row_elems, n, k), unit) for k in range(n)]
+                whole = [k for k in range(n) if pieces[k] == unit[1]]
+                cands = [(s, t) for s in (whole[:1] or range(n)) for t in range(T)]
+                s_o, t_o = min(cands, key=lambda st: (load[group][st[0] * T + st[1]], st))
+                load[group][s_o * T + t_o] += cost
+                if n > 1:
+                    add(group, pieces[0] if s_o != 0 else sum(pieces[1:]))
+                if T > 1 and s_o == 0:
+                    if split is None:
+                        add("tp", (T - 1) * R * C if t_o == 0 else 0)
+                    elif t_o != 0:
+                        add("tp", unit[1])
+                    else:
+                        ext = R if split == 0 else C
+                        add("tp", sum(ceil_div(ext, T) if t < T - 1 else ext - (T - 1) * ceil_div(ext, T)
+                                      for t in range(1, T)) * (C if split == 0 else R))
+    return out
 
 
 def expected_ep_bytes(m, ep, M, b, s, recomputed_moe):
@@ -647,6 +730,8 @@ def main():
                     if CP > 1:
                         over += [f"--parallelism.context_parallel_degree={CP}",
                                  f"--parallelism.context_parallel_rotate_method={tp['rotate']}"]
+                    if tp.get("muon"):
+                        over.append("--optimizer.name=Muon")
                     if tp.get("moe"):
                         over += [f"--model.{k}={v}" for k, v in MOE_MODEL.items()]
                         over += ["--debug.moe_force_load_balance=true", "--metrics.moe_histogram_freq=1",
@@ -720,6 +805,8 @@ def main():
                                                       T_run, sp))
                     run.update({"schedule": schedule, "stages_of_pp_rank0": stages,
                                 "blocks_of_pp_rank0": mine, "pp_micro_batches": M_pp})
+                if tp.get("muon"):
+                    expected.update(expected_muon_bytes(m_run, T_run, N, EP_run))
                 run.update({"step": last.get("step"), "comm_bytes": last.get("comm_bytes"),
                             "comm_wait_s": last.get("comm_wait_s"), "step_time_s": last.get("step_time_s"),
                             "unit_shard_elems": [unit_shard(u, N) for u in units_run] if N > 1 else None,
