@@ -82,7 +82,14 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
   // backward (not counted in `held`), or its W (its operands stay counted in `pending` until it
   // ends), keeping only the states no other one of the same kind dominates.
   using Phase = SimulationResult::InFlightState::Phase;
-  auto record = [&](std::vector<SimulationResult::InFlightState>& into, int r, int run, Phase phase) {
+  struct Recorded {
+    size_t order;  // when it was recorded
+    SimulationResult::InFlightState state;
+  };
+  std::vector<std::vector<std::vector<Recorded>>> kinds(P);  // [rank][local stage · 3 + phase]
+  for (int r = 0; r < P; ++r) kinds[r].resize(awaiting[r].size() * 3);
+  size_t recorded = 0;
+  auto record = [&](int r, int run, Phase phase) {
     auto covers = [](const SimulationResult::InFlightState& x, const SimulationResult::InFlightState& y) {
       if (x.running != y.running || x.phase != y.phase || x.backed != y.backed) return false;
       for (size_t i = 0; i < x.held.size(); ++i)
@@ -93,8 +100,12 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
     // (the planner simulates schedules of 10^5 actions).
     const std::vector<int>& held = awaiting[r];
     const int less = phase != Phase::kWeight ? 1 : 0;  // the running micro-batch is not held
-    for (const auto& e : into) {
-      if (e.running != run || e.phase != phase || e.backed != backed[r]) continue;
+    // Only states of the same running stage and phase can dominate: each (stage, phase) keeps
+    // its own list (with each state's record order, to list them in that order at the end).
+    std::vector<Recorded>& same = kinds[r][size_t(run) * 3 + size_t(phase)];
+    for (const Recorded& rec : same) {
+      const SimulationResult::InFlightState& e = rec.state;
+      if (e.backed != backed[r]) continue;
       bool all = true;
       for (size_t i = 0; i < e.held.size() && all; ++i)
         all = e.held[i] >= held[i] - (i == size_t(run) ? less : 0) && e.pending[i] >= pending[r][i];
@@ -102,8 +113,8 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
     }
     SimulationResult::InFlightState st{awaiting[r], pending[r], run, phase, backed[r]};
     if (phase != Phase::kWeight) --st.held[size_t(run)];
-    std::erase_if(into, [&](const SimulationResult::InFlightState& e) { return covers(st, e); });
-    into.push_back(std::move(st));
+    std::erase_if(same, [&](const Recorded& e) { return covers(st, e.state); });
+    same.push_back({recorded++, std::move(st)});
   };
   out.start.resize(P);
   out.finish.resize(P);
@@ -149,7 +160,7 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
                                                                       : Phase::kBackward;
           if (in_flight_states && ls >= 0 &&
               (phase == Phase::kWeight ? pending[r][size_t(ls)] > 0 : awaiting[r][size_t(ls)] > 0)) {
-            record(out.in_flight_states[r], r, ls, phase);
+            record(r, ls, phase);
           }
           if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardWeight) --in_flight[r];
           if (ls >= 0) {
@@ -164,6 +175,14 @@ SimulationResult simulate_schedule(const PipelineSchedule& s, const UnitCosts& c
         progress = true;
       }
     }
+  }
+  // Each rank's surviving states in the order they were recorded.
+  for (int r = 0; r < P && in_flight_states; ++r) {
+    std::vector<Recorded> all;
+    for (std::vector<Recorded>& k : kinds[r])
+      for (Recorded& rec : k) all.push_back(std::move(rec));
+    std::sort(all.begin(), all.end(), [](const Recorded& x, const Recorded& y) { return x.order < y.order; });
+    for (Recorded& rec : all) out.in_flight_states[r].push_back(std::move(rec.state));
   }
   std::string blocked;
   for (int r = 0; r < P; ++r)
