@@ -62,7 +62,11 @@ std::array<double, kNumMeshDims> comm_bytes_per_step(const JobConfig& cfg, const
   const double recomputed = ac == "full"                           ? layers
                             : ac == "selective" && every && *every > 0 ? std::ceil(layers / double(*every))
                                                                    : 0.0;
-  v[size_t(MeshDim::kTP)] = a * (4 * layers + (d.pp == 1 ? 2 : 1) + 2 * recomputed) * 2 * ring(d.tp) * act;
+  // selective_ac_option = "op" keeps attention and the reduce-scatters: each block reruns its
+  // two all-gathers (half a pair each) under sequence parallelism, its two all-reduces without.
+  const bool per_op = ac == "selective" && cfg.activation_checkpoint.selective_ac_option == "op";
+  const double tp_rerun = per_op ? (cfg.parallelism.enable_sequence_parallel ? 1.0 : 2.0) * layers : 2 * recomputed;
+  v[size_t(MeshDim::kTP)] = a * (4 * layers + (d.pp == 1 ? 2 : 1) + tp_rerun) * 2 * ring(d.tp) * act;
   v[size_t(MeshDim::kPP)] = d.pp > 1 ? a * 2 * act : 0;
   v[size_t(MeshDim::kCP)] = cp_bytes(cfg.parallelism.context_parallel_rotate_method, d, m, a * b, s, layers, recomputed, bp);
   // dp_shard and cp traffic is the fsdp group's; loss and dp carry only scalars.

@@ -29,6 +29,7 @@ struct Sizes {
   int64_t beta, N, n, D, Q, K, F, V, hq, hk;
   bool sp;      // sequence parallelism with tp > 1: gathers and reduce-scatters allocate
   bool qk_norm;
+  bool cp = false;  // context parallelism: per-op checkpointing keeps the exchange's q and k too
   // MoE
   int64_t E = 0, k = 0, H = 0, Hs = 0, rows_in = 0;
   bool ep = false, aux = false;
@@ -215,6 +216,24 @@ void attention_backward(Live& m, const Sizes& s, int64_t saved) {
   m.free(saved);  // its saved tensors, the normed input included
 }
 
+// What per-operator checkpointing (selective_ac_option = "op", SavedTensors::op) keeps of a
+// block between its forward and its backward, beside the block input: the 1st, 3rd, … matmul's
+// output (wq as a copy, wv; w1 and w2 as a copy of a dense FFN or of the shared experts), the
+// attention kernel's output and log-sum-exp (under cp the exchange's whole state: q and k too),
+// under sequence parallelism each reduce-scatter's shard (a copy), and with ep the all-to-alls'
+// outputs (the received counts, the experts' rows and their results back here). The router
+// and the routed experts are recomputed.
+int64_t per_op_stash(const Sizes& s, bool moe) {
+  int64_t kept = s.N * s.Q * s.beta /* wq */ + s.N * s.K * s.beta /* wv */ + s.N * s.Q * s.beta /* o */ +
+                 s.N * s.hq * 4 /* lse */;
+  if (s.cp) kept += s.N * (s.Q + s.K) * s.beta;
+  const auto ffn = [&](int64_t width) { return s.N * width * s.beta /* w1 */ + s.ND() /* w2 */ + (s.sp ? s.nD() : 0); };
+  if (s.sp) kept += s.nD();
+  if (!moe) return kept + ffn(s.F);
+  if (s.ep) kept += s.E * 4 + s.rows_in * s.D * s.beta + s.n * s.k * s.D * s.beta;
+  return kept + (s.Hs > 0 ? ffn(s.Hs) : 0);
+}
+
 struct BlockSaved {
   int64_t attn = 0, ffn = 0;  // what each sub-layer saved (including a normed input it keeps)
   int64_t total = 0;          // + the block input, the two rstd and the residual h
@@ -379,6 +398,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   s.F = g.ffn_dim() / a.tp;
   s.V = (g.vocab_size + a.tp - 1) / a.tp;
   s.qk_norm = g.qk_norm;
+  s.cp = a.cp > 1;
   if (g.num_experts > 0) {
     s.E = g.num_experts;
     s.k = g.top_k;
@@ -394,8 +414,9 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   out.persistent = 2 * T * (g.head_dim / 2) * 4;
   const int64_t context = 2 * s.N * 4;  // token ids and targets (i32) of the micro-batch
 
+  const bool per_op = a.recompute_every < 0;  // every block, its kept operators' outputs stashed
   auto recomputed = [&](int64_t block) {
-    return a.recompute_every == 1 || (a.recompute_every > 1 && block % a.recompute_every == 0);
+    return a.recompute_every == 1 || per_op || (a.recompute_every > 1 && block % a.recompute_every == 0);
   };
   // One micro-batch through stage `st`, forward then backward, with `held` bytes of other
   // micro-batches alive (`split`: the backward is the I of a split one, Sizes::split); returns
@@ -407,6 +428,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     Live m;
     m.alloc(out.persistent + held);
     std::vector<BlockSaved> saved(st.blocks.size());
+    std::vector<int64_t> stash(st.blocks.size(), 0);  // per-op checkpointing's kept outputs
     const int64_t start = m.now;
     m.alloc(context);
     m.begin_phase();
@@ -423,6 +445,10 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     for (size_t i = 0; i < st.blocks.size(); ++i) {
       m.begin_phase();
       saved[i] = block_forward(m, sz, g.is_moe_layer(st.blocks[i]), !recomputed(st.blocks[i]));
+      if (per_op) {  // counted once the block's locals are gone (the copies' transient is not modelled)
+        stash[i] = per_op_stash(sz, g.is_moe_layer(st.blocks[i]));
+        m.alloc(stash[i]);
+      }
       r.fwd.push_back(m.phase);
     }
     m.begin_phase();
@@ -459,6 +485,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
       m.begin_phase();
       const bool moe = g.is_moe_layer(st.blocks[i]);
       if (recomputed(st.blocks[i])) {
+        m.free(stash[i]);  // the replay hands the stash on as the saved tensors it stands for
         const int64_t before = m.now;
         saved[i] = block_forward(m, sz, moe, true);
         m.free(m.now - before - (saved[i].total - sz.nD()));  // the rerun's output, dropped
@@ -491,7 +518,8 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   const std::vector<int64_t> shape_key = {g.dim, g.n_heads, g.n_kv_heads, g.head_dim, g.vocab_size, g.ffn_dim(),
                                           g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts,
                                           int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch, a.seq_len,
-                                          a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes};
+                                          a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
+                                          int64_t(per_op)};
   auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
     if (held != 0) return replay_raw(st, held, split);
     std::vector<int64_t> key = shape_key;

@@ -47,7 +47,9 @@ struct ActivationShape {
   int64_t cp = 1, tp = 1, ep = 1;
   bool sequence_parallel = true;
   int64_t act_bytes = 4;     ///< β: 4 (float32) or 2 (bfloat16)
-  /// Activation checkpointing: 0 none, 1 full, N > 1 … selective every N-th block (block % N == 0).
+  /// Activation checkpointing: 0 none, 1 full, N > 1 … selective every N-th block (block % N == 0),
+  /// −1 per-operator selective (every block keeps the outputs of its attention, collectives and
+  /// every second matmul, and reruns the rest: per_op_stash in activation_model.cpp).
   int64_t recompute_every = 0;
   /// One pipeline stage this rank runs (the whole model without pp).
   struct Stage {

@@ -695,6 +695,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
       CheckpointPolicy::from_deck(cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option);
   const int64_t every = ac.mode == CheckpointPolicy::Mode::kFull        ? 1
                         : ac.mode == CheckpointPolicy::Mode::kSelective ? ac.every
+                        : ac.mode == CheckpointPolicy::Mode::kOp        ? -1
                                                                         : 0;
   const bool cpu = cfg.training.device == "cpu";
 

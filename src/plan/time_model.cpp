@@ -14,6 +14,22 @@ namespace meshtrain {
 
 namespace {
 
+// Per-operator selective checkpointing (selective_ac_option = "op"): the share of a block's
+// matmul parameters (so of its forward matmul FLOPs) whose matmuls run again in backward — of
+// the counted linears wq, wk, wv, wo (w1, w3, w2) every second one, wk, wo (w3); in a MoE block
+// also the router's gate and the routed experts (recomputed whole, active top_k experts).
+double per_op_recomputed_share(const ModelArgs& a, bool moe) {
+  const double d = double(a.dim), q = double(a.n_heads * a.head_dim), kv = double(a.n_kv_heads * a.head_dim);
+  const double attn_all = d * (2 * q + 2 * kv), attn_rec = d * (kv + q);
+  if (!moe) {
+    const double f = double(a.ffn_dim());
+    return (attn_rec + d * f) / (attn_all + 3 * d * f);
+  }
+  const double router = d * double(a.num_experts), routed = 3 * d * double(a.top_k * a.moe_inter_dim);
+  const double shared = d * double(a.num_shared_experts * a.moe_inter_dim);
+  return (attn_rec + router + routed + shared) / (attn_all + router + routed + 3 * shared);
+}
+
 double ring(int64_t n) { return n > 1 ? double(n - 1) / double(n) : 0.0; }
 
 // One linear layer's shape on a rank: `in` × `out` weights applied to `rows` rows.
@@ -145,7 +161,10 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   auto recomputed = [&](int64_t b) {
     return b >= 0 && b < a.n_layers ? rec->flags[size_t(b)] != 0 : ac.recompute(b);
   };
-  const double recompute_fraction = rec->fraction;  // of the blocks, whose forward runs twice
+  // Per-operator checkpointing reruns part of every block: its unkept matmuls (wk, wo, w3; the
+  // MoE router and routed experts) but neither attention nor the kept collectives.
+  const bool per_op = ac.mode == CheckpointPolicy::Mode::kOp;
+  const double recompute_fraction = per_op ? 0.0 : rec->fraction;  // of the blocks, whose forward runs twice (ep)
   const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
   // Shapes: a micro-batch's rows on the rank (tokens of its local batch or pipeline micro-batch
   // after the cp cut), and the attention calls they make. Without cp one causal call over the
@@ -207,11 +226,13 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
       double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
       double t_r = m_r / head_eff;
       for (size_t i = 0; i < st.blocks.size(); ++i) {
+        const bool moe_block = a.is_moe_layer(st.blocks[i]);
         const double rec = recomputed(st.blocks[i]) ? 1.0 : 0.0;
-        const double f = (6.0 + 2.0 * rec) * st.block_params[i];
+        const double rec_mm = per_op ? per_op_recomputed_share(a, moe_block) : rec;
+        const double f = (6.0 + 2.0 * rec_mm) * st.block_params[i];
         m_r += f;
-        t_r += f / (a.is_moe_layer(st.blocks[i]) ? moe_eff : dense_eff);
-        a_r += attn_per_block * (1.0 + rec / 3.0);
+        t_r += f / (moe_block ? moe_eff : dense_eff);
+        a_r += attn_per_block * (1.0 + (per_op ? 0.0 : rec) / 3.0);
       }
       if (t_r / hw.matmul_efficiency + a_r / attention_eff >
           made.mm_time / hw.matmul_efficiency + made.attn / attention_eff)
@@ -221,7 +242,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
       if (double(st.blocks.size()) > made.stage_blocks) {
         made.stage_blocks = double(st.blocks.size());
         made.stage_recomputed = 0;
-        for (int64_t b : st.blocks) made.stage_recomputed += recomputed(b) ? 1.0 : 0.0;
+        for (int64_t b : st.blocks) made.stage_recomputed += recomputed(b) && !per_op ? 1.0 : 0.0;
       }
     made.key = busiest_key;
     if (split_id > 0) {
