@@ -8,6 +8,9 @@
 // Updated parameters are compared in absolute terms: Adam's first step moves each element by
 // about lr·sign(g), so an element whose tiny gradient changes sign under rounding moves by 2·lr
 // the other way; fp32 must stay within 2% of lr, bf16 within 2·lr (only such sign flips).
+// Document masking ([model] attn_mask_type = "block_causal") runs the same comparison on samples
+// packed with EOS-terminated documents: the doc_start table goes to the GPU kernels as it goes
+// to the CPU's.
 #include <cmath>
 #include <random>
 
@@ -31,11 +34,13 @@ struct StepResult {
   std::vector<std::vector<float>> grads, values;
 };
 
-/// One forward/backward of `samples` [b, t+1] and one AdamW step on `dev`.
+/// One forward/backward of `samples` [b, t+1] and one AdamW step on `dev`; eos ≥ 0 masks
+/// attention to the documents ending with that token.
 StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std::vector<int32_t>& samples, int64_t b,
-                    int64_t t, CheckpointPolicy policy = {}) {
+                    int64_t t, CheckpointPolicy policy = {}, int32_t eos = -1) {
   Transformer model(args, dev, {}, {}, compute);
   model.init_weights(1234);
+  if (eos >= 0) model.set_document_mask_eos(eos);
   Executor exec(model.units(), model.block_index(), policy);
   MixedPrecisionHooks hooks(model, nullptr);
   exec.set_hooks(&hooks);
@@ -73,12 +78,22 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 
+/// Token 2 closes the documents of compare(…, documents = true): ids elsewhere avoid it.
+constexpr int32_t kEos = 2;
+
 void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_tol, double value_tol,
-             CheckpointPolicy policy = {}) {
-  const int64_t b = 2, t = 64;
-  const auto samples = random_tokens(b * (t + 1), args.vocab_size, 99);
-  const StepResult c = one_step(cpu(), args, DType::kF32, samples, b, t, policy);
-  const StepResult g = one_step(gpu(), args, compute, samples, b, t, policy);
+             CheckpointPolicy policy = {}, bool documents = false) {
+  const int64_t b = 2, t = documents ? 200 : 64;
+  auto samples = random_tokens(b * (t + 1), args.vocab_size, 99);
+  if (documents) {
+    // Documents of 1 to 90 tokens, a boundary on the 64-row tile edge, one running past the end.
+    for (auto& x : samples) x = x == kEos ? kEos + 1 : x;
+    for (int64_t end : {0, 5, 63, 64, 150}) samples[size_t(end)] = kEos;
+    for (int64_t end : {30, 31, 32, 120}) samples[size_t(t + 1 + end)] = kEos;
+  }
+  const int32_t eos = documents ? kEos : -1;
+  const StepResult c = one_step(cpu(), args, DType::kF32, samples, b, t, policy, eos);
+  const StepResult g = one_step(gpu(), args, compute, samples, b, t, policy, eos);
   const double loss_err = std::fabs(g.loss - c.loss) / std::fabs(c.loss);
   BOOST_TEST_MESSAGE(args.name << " " << dtype_name(compute) << ": loss cpu " << c.loss << " gpu " << g.loss);
   BOOST_CHECK_MESSAGE(loss_err <= loss_tol, "loss rel err " << loss_err << " > " << loss_tol);
@@ -119,6 +134,18 @@ BOOST_AUTO_TEST_CASE(tied_embeddings_bf16) {
   ModelArgs a = debug("llama3");
   a.tie_word_embeddings = true;
   compare(a, DType::kBF16, 1e-2, 5e-2, 2.05 * kLr);
+}
+
+// Document masking: the debug shape (head dim 16: SIMT kernels) in fp32 and bf16, and 4 heads of
+// 64 over 2 kv heads (tensor-core kernels in bf16).
+BOOST_AUTO_TEST_CASE(llama3_debug_step_block_causal) {
+  compare(debug("llama3"), DType::kF32, 1e-5, 1e-4, 0.02 * kLr, {}, true);
+  compare(debug("llama3"), DType::kBF16, 1e-2, 5e-2, 2.05 * kLr, {}, true);
+  ModelArgs a = debug("llama3");
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.head_dim = a.dim / a.n_heads;
+  compare(a, DType::kBF16, 1e-2, 5e-2, 2.05 * kLr, {}, true);
 }
 
 int main(int argc, char** argv) { return gpu_test_main(argc, argv); }
