@@ -4,18 +4,25 @@ every 2nd block and full, on a few CPU layouts. For each (layout, mode) it train
 and reports, for the largest rank:
   - the measured activation peak (the allocator's activations category, summary record) and
     the planner's prediction for the same deck (`meshtrain plan --fixed all --json`);
-  - the measured step time (median over the steps after the first) and the planner's step time.
-Memory is deterministic; step times on a shared machine are not (run it alone, under the build
+  - the measured step time (the fastest step after the first: on a shared machine the least
+    disturbed one) and the planner's step time;
+  - the CPU seconds the whole run took (user + system of every rank: start-up included, the same
+    for every mode), steadier than wall time on a machine other work shares (multi-rank runs
+    also count MPI's busy waiting).
+Memory is deterministic; times on a shared machine are not (run it alone, under the build
 lock, and read them as ratios to the "none" row of the same layout).
 
 usage: ac_modes.py --meshtrain BIN --deck DECK --data H5 --out DIR [--steps 6] [--layouts single tp2 ...]
+                   [-- --section.key=value ...]   (overrides for every run)
 """
 import argparse
 import os
-import statistics
+import resource
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "plan"))
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+sys.path[:0] = [os.path.join(TESTS, "plan"), os.path.join(TESTS, "equivalence")]
+from compare_runs import run_arguments  # noqa: E402
 from memory_accuracy import MOE, P, plan_fixed, train  # noqa: E402
 
 # The "wide" model of tests/plan/memory_accuracy.py with 4 blocks and 4 samples per micro-batch:
@@ -38,33 +45,34 @@ LAYOUTS = {  # name: (ranks, overrides)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--meshtrain", required=True)
-    ap.add_argument("--deck", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True)
+    ap = run_arguments(__doc__)
+    ap.formatter_class = argparse.RawDescriptionHelpFormatter
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     print("| layout | AC | activations measured (KiB) | predicted (KiB) | error | step measured (ms) "
-          "| vs none | step predicted (ms) | vs none |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| vs none | step predicted (ms) | vs none | run CPU (s) | vs none |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for lay in a.layouts:
         np_, over = LAYOUTS[lay]
         base = None
         for mode, ac in MODES.items():
             tag = f"{lay}_{mode.replace(' ', '')}"
-            o = MODEL + over + ac
+            o = MODEL + over + ac + a.extra
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             recs = train(a, tag, np_, o, steps=a.steps)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
             act = recs[-1]["memory_peak_bytes_by_category"]["activations"]
-            step = statistics.median(r["step_time_s"] for r in recs if "loss" in r and r["step"] > 1)
+            step = min(r["step_time_s"] for r in recs if "loss" in r and r["step"] > 1)
             plan = plan_fixed(a, tag, np_, o)
             pact, pstep = plan["memory_bytes"]["activations"], plan["step_s"]
             if base is None:
-                base = (step, pstep)
+                base = (step, pstep, cpu)
             print(f"| {lay} | {mode} | {act / 1024:,.0f} | {pact / 1024:,.0f} | {(pact - act) / act:+.1%} "
-                  f"| {step * 1e3:.1f} | {step / base[0]:.2f} | {pstep * 1e3:.2f} | {pstep / base[1]:.2f} |", flush=True)
+                  f"| {step * 1e3:.1f} | {step / base[0]:.2f} | {pstep * 1e3:.2f} | {pstep / base[1]:.2f} "
+                  f"| {cpu:.1f} | {cpu / base[2]:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
