@@ -282,11 +282,13 @@ std::vector<Option> build_option_table() {
            "al. 2025), so AdamW's lr and weight_decay carry over",
            0.0, true);
     s.optional("adamw_lr", &OptimizerSection::adamw_lr,
-               "Muon: peak lr of the AdamW group (embedding, output head, norms); the schedule scales it like lr",
-               "(lr)", 0.0, true);
+               "Muon: peak lr of the AdamW group (embedding, output head, norms), unset = lr; the schedule scales "
+               "it like lr",
+               "(unset)", 0.0, true);
     s.optional("adamw_weight_decay", &OptimizerSection::adamw_weight_decay,
-               "Muon: weight decay of the AdamW group (norms and embeddings still need decay_embeddings_and_norms)",
-               "(weight_decay)", 0.0);
+               "Muon: weight decay of the AdamW group, unset = weight_decay (norms and embeddings still need "
+               "decay_embeddings_and_norms)",
+               "(unset)", 0.0);
   }
   {
     Section<LrSchedulerSection> s{o, "lr_scheduler", &JobConfig::lr_scheduler};
