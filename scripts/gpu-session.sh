@@ -7,7 +7,7 @@
 #   first   (BUDGET_S 470, under the 8-minute mark)
 #     env        nvidia-smi, nvcc, the Python packages used below, compute-sanitizer
 #     unit       the gpu-labelled test programs: kernels, matmul, attention, document-masked
-#                attention, MoE, then test_cuda_train_step (a whole training step against the CPU backend)
+#                attention, MoE, Muon, then test_cuda_train_step (a whole training step against the CPU backend)
 #     nccl       the single-rank NCCL mesh smoke, then test_cuda_comm (2 ranks sharing the GPU)
 #     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
 #                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
@@ -116,7 +116,7 @@ if [ ! -f "$data" ]; then
     note "WARN  no token corpus (logs/corpus.log): the curves and export steps will fail"
 fi
 
-kernel_tests=(test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_doc_attention test_cuda_moe
+kernel_tests=(test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_doc_attention test_cuda_moe test_cuda_muon
   test_cuda_train_step)
 
 if wanted env; then
