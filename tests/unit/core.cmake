@@ -21,3 +21,13 @@ foreach(chunk 0 256)
   set_tests_properties(validation_torch_z_loss_chunk${chunk} PROPERTIES TIMEOUT 120 LABELS validation
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
+meshtrain_test(test_float8 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_float8.cpp LIBS meshtrain_tensor)
+# Float8 emulation (tensor/float8.hpp) against an independent NumPy emulation
+# (validation/check_float8.py): rounding of both formats and the six scaled casts, bit for bit.
+add_executable(dump_float8 ${CMAKE_CURRENT_SOURCE_DIR}/dump_float8.cpp)
+target_link_libraries(dump_float8 PRIVATE meshtrain_tensor)
+set_target_properties(dump_float8 PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+add_test(NAME validation_numpy_float8
+  COMMAND ${MESHTRAIN_PYTHON} ${PROJECT_SOURCE_DIR}/validation/check_float8.py --dump $<TARGET_FILE:dump_float8>
+    --out ${PROJECT_BINARY_DIR}/tests/float8)
+set_tests_properties(validation_numpy_float8 PROPERTIES TIMEOUT 120 LABELS validation)

@@ -1,0 +1,74 @@
+#include "tensor/float8.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+namespace meshtrain {
+
+Float8Limits float8_limits(Float8Format f) {
+  return f == Float8Format::kE4M3 ? Float8Limits{3, -6, 448.0f} : Float8Limits{2, -14, 57344.0f};
+}
+
+Float8Format parse_float8_format(const std::string& name) {
+  if (name == "e4m3") return Float8Format::kE4M3;
+  if (name == "e5m2") return Float8Format::kE5M2;
+  throw std::invalid_argument("float8 format '" + name + "' (e4m3 | e5m2)");
+}
+
+float float8_round(float x, Float8Format f) {
+  if (std::isnan(x)) return x;
+  const Float8Limits l = float8_limits(f);
+  const float a = std::fabs(x);
+  if (a >= l.max) return std::copysign(l.max, x);  // saturation (and ±inf)
+  if (a == 0.0f) return x;
+  // The grid spacing at |x|: 2^(e − mantissa_bits) for x in [2^e, 2^(e+1)), the subnormal
+  // spacing below the smallest normal. x / q and k · q are exact (powers of two, far from
+  // float32's range limits), so the only rounding is nearbyint's: to nearest, ties to even.
+  // A mantissa that rounds up into the next binade lands on its first value, still exact.
+  int e = 0;
+  std::frexp(a, &e);  // a = m · 2^e, m in [0.5, 1): a is in [2^(e−1), 2^e)
+  const int exp = std::max(e - 1, l.min_normal_exp);
+  const float q = std::ldexp(1.0f, exp - l.mantissa_bits);
+  return std::copysign(std::nearbyint(a / q) * q, x);
+}
+
+float float8_scale(float amax, Float8Format f, bool power_of_two) {
+  // TorchAO clamps in float64 (torch.clamp(NaN) is NaN) and casts the quotient to float32.
+  const double clamped = std::isnan(amax) ? double(amax) : std::max(double(amax), 1e-12);
+  const float s = float(double(float8_limits(f).max) / clamped);
+  if (!power_of_two || !std::isfinite(s) || s == 0.0f) return s;
+  int e = 0;
+  std::frexp(s, &e);
+  return std::ldexp(1.0f, e - 1);
+}
+
+void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
+                          bool power_of_two, float* out, float* scales) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("float8_fake_quantize: negative size [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  const int64_t groups = scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
+  const auto group = [&](int64_t r, int64_t c) {
+    return size_t(scaling == Float8Scaling::kTensorwise ? 0 : scaling == Float8Scaling::kRowwise ? r : c);
+  };
+  // amax per group; a NaN sticks (torch.max propagates it, so the group's scale is NaN).
+  std::vector<float> amax(static_cast<size_t>(groups), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = std::fabs(x[r * cols + c]);
+      float& m = amax[group(r, c)];
+      if (!std::isnan(m) && (std::isnan(v) || v > m)) m = v;
+    }
+  std::vector<float> s(static_cast<size_t>(groups));
+  for (size_t g = 0; g < s.size(); ++g) s[g] = float8_scale(amax[g], f, power_of_two);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float sc = s[group(r, c)];
+      out[r * cols + c] = float8_round(x[r * cols + c] * sc, f) / sc;
+    }
+  if (scales) std::copy(s.begin(), s.end(), scales);
+}
+
+}  // namespace meshtrain
