@@ -1,5 +1,5 @@
 // `meshtrain plan --deck FILE --gpus N [--hardware NAME|FILE] [--top K] [--fixed KEYS]
-// [--write-deck OUT] [--json OUT] [--plot OUT.png] [--section.key=value ...]`: every valid
+// [--document-tokens N] [--write-deck OUT] [--json OUT] [--plot OUT.png] [--section.key=value ...]`: every valid
 // configuration of the deck's model and batch on N devices, ranked by predicted tokens/s among
 // those that fit, the best of each strategy family, and why the other families do not fit
 // (plan/planner.hpp).
@@ -14,6 +14,8 @@
 #include "app/commands.hpp"
 #include "app/deck_args.hpp"
 #include "config/deck_parser.hpp"
+#include "data/token_store.hpp"
+#include "plan/document_mask.hpp"
 #include "plan/planner.hpp"
 #include "util/errors.hpp"
 
@@ -23,7 +25,7 @@ namespace {
 
 const char* kUsage =
     "usage: meshtrain plan --deck FILE --gpus N [--hardware NAME|FILE] [--topology FILE] [--top K] [--fixed KEY,KEY|all] "
-    "[--write-deck OUT.toml] [--json OUT.json] [--plot OUT.png] [--section.key=value ...]";
+    "[--document-tokens N] [--write-deck OUT.toml] [--json OUT.json] [--plot OUT.png] [--section.key=value ...]";
 
 std::string gib(double b) {
   char buf[32];
@@ -71,6 +73,7 @@ nlohmann::json to_json(const PlanCandidate& c) {
           {"compute_s", c.time.compute_s},
           {"exposed_comm_s", c.time.exposed_comm_s},
           {"bubble_s", c.time.bubble_s},
+          {"muon_s", c.time.muon_s},
           {"step_s", c.time.step_s},
           {"tokens_per_s_per_device", c.time.tokens_per_s_per_device},
           {"mfu", c.time.mfu},
@@ -102,6 +105,43 @@ void print_row(int rank, const PlanCandidate& c, double band) {
 void print_header() {
   std::printf("%3s   %-30s %-46s %10s %8s %8s %14s %6s %8s %8s  %s\n", "#", "family", "knobs", "memory", "headroom",
               "step s", "tok/s/dev", "MFU", "compute", "bubble", "exposed comm s (dim@tier)");
+}
+
+// Under block_causal, the token-weighted mean document length attention follows: --document-tokens
+// when given, else the statistics of the deck's token store's train split; 0 when neither is
+// there (attention timed as causal). Returns where it came from, for the output.
+std::string document_lengths(const JobConfig& deck, const std::string& given, double& tokens) {
+  tokens = 0;
+  if (!given.empty()) {
+    try {
+      size_t used = 0;
+      tokens = std::stod(given, &used);
+      if (used != given.size()) tokens = 0;
+    } catch (const std::exception&) {
+      tokens = 0;
+    }
+    if (!(tokens >= 1)) throw ConfigError("--document-tokens takes a number of tokens ≥ 1, got '" + given + "'");
+    return "--document-tokens";
+  }
+  if (deck.model_args().attn_mask_type != "block_causal") return "";
+  try {
+    const TokenStore store(deck.training.dataset);
+    tokens = token_weighted_document_tokens(store.split("train").doc_offsets);
+    return "token-weighted mean of " + deck.training.dataset + "'s train split";
+  } catch (const std::exception& e) {
+    return std::string("[training] dataset unreadable: ") + e.what();
+  }
+}
+
+// Muon's share of #1's prediction: its state, its step's Newton–Schulz time and traffic.
+void print_muon(const PlanCandidate& c) {
+  double bytes = 0, exposed = 0;
+  for (const CommTime& t : c.time.comm)
+    if (std::string(t.dim) == "muon") bytes = t.bytes, exposed = t.exposed_s;
+  std::printf("#1 Muon: one float32 momentum per element of the blocks' 2-D matrices (AdamW's two moments for "
+              "embeddings, head and norms); Newton–Schulz %.3g s per step on the busiest owner; gather / scatter "
+              "%s per rank per step, %.3g s exposed\n",
+              c.time.muon_s, gib(bytes).c_str(), exposed);
 }
 
 // Writes `text` to `path` through a temporary name, so no half-written file is left.
@@ -153,7 +193,8 @@ void plot(const PlanResult& r, const std::string& png) {
 
 int cmd_plan(int argc, char** argv) {
   const DeckArgs args =
-      parse_deck_args(argc, argv, {"--gpus", "--hardware", "--topology", "--top", "--fixed", "--write-deck", "--json", "--plot"});
+      parse_deck_args(argc, argv, {"--gpus", "--hardware", "--topology", "--top", "--fixed", "--document-tokens",
+                                   "--write-deck", "--json", "--plot"});
   auto value = [&](const char* k, const std::string& dflt) {
     return args.values.count(k) ? args.values.at(k) : dflt;
   };
@@ -175,6 +216,8 @@ int cmd_plan(int argc, char** argv) {
   std::stringstream fixed(value("--fixed", ""));
   for (std::string k; std::getline(fixed, k, ',');)
     if (!k.empty()) opts.fixed.insert(k);
+  const bool doc_mask = deck.model_args().attn_mask_type == "block_causal";
+  const std::string doc_source = document_lengths(deck, value("--document-tokens", ""), opts.document_tokens);
   const PlanResult r = run_plan(deck, opts);
   // Nothing valid: the deck's own layout says why, with validate()'s one line (exit 2).
   if (r.valid == 0) {
@@ -192,6 +235,16 @@ int cmd_plan(int argc, char** argv) {
               hw.memory_bytes / 1e9, 100 * hw.fragmentation);
   std::printf("%lld configurations enumerated in %.2f s: %lld valid, %lld fit\n", (long long)r.enumerated, r.seconds,
               (long long)r.valid, (long long)r.fitting);
+  if (doc_mask && opts.document_tokens > 0)
+    std::printf("attention: block_causal over documents of %.0f tokens (%s): %.1f%% of causal attention's FLOPs at "
+                "seq_len %lld; the time follows the mask, MFU counts attention as causal\n",
+                opts.document_tokens, doc_source.c_str(),
+                100 * document_attention_share(opts.document_tokens, double(deck.training.seq_len)),
+                (long long)deck.training.seq_len);
+  else if (doc_mask)
+    std::printf("attention: block_causal with no document lengths (%s): timed as causal; --document-tokens N sets "
+                "the token-weighted mean document length\n",
+                doc_source.c_str());
   if (!r.ranked.empty()) {
     const double band = r.error_band, pct = 100 * (1 - opts.pressure);
     std::printf("\nrecommended %lld that fit (≈: within the model's ±%.0f%% error of the fastest, ordered by "
@@ -211,6 +264,7 @@ int cmd_plan(int argc, char** argv) {
     for (size_t i = 0; i < r.best_per_family.size(); ++i) print_row(int(i + 1), r.best_per_family[i], band);
     const PlanCandidate& w = r.ranked.front();
     std::printf("\n#1 memory per device: %s\n", describe_memory(w.memory).c_str());
+    if (deck.optimizer.name == "Muon") print_muon(w);
   } else {
     std::printf("\nno configuration fits in %s\n", gib(r.memory_limit).c_str());
   }
@@ -232,7 +286,8 @@ int cmd_plan(int argc, char** argv) {
                         {"fitting", r.fitting},
                         {"seconds", r.seconds},
                         {"error_band", r.error_band},
-                        {"pressure", opts.pressure}};
+                        {"pressure", opts.pressure},
+                        {"document_tokens", opts.document_tokens}};
     j["top"] = nlohmann::json::array();
     for (int64_t i = 0; i < top && i < int64_t(r.ranked.size()); ++i) j["top"].push_back(to_json(r.ranked[size_t(i)]));
     j["fastest"] = nlohmann::json::array();

@@ -30,6 +30,10 @@ struct Sizes {
   bool sp;      // sequence parallelism with tp > 1: gathers and reduce-scatters allocate
   bool qk_norm;
   bool cp = false;  // context parallelism: per-op checkpointing keeps the exchange's q and k too
+  // Chunked cross-entropy ([model] loss_chunk_tokens = C, 0 < C < N): the head's logits exist
+  // one [C, V] chunk at a time, and the forward keeps lse [N] f32 instead of [N, V] logits.
+  int64_t C = 0;
+  int64_t head_kept() const { return C > 0 ? N * 4 : N * V * beta; }
   // MoE
   int64_t E = 0, k = 0, H = 0, Hs = 0, rows_in = 0;
   bool ep = false, aux = false;
@@ -344,7 +348,7 @@ std::shared_ptr<const ActivationPrediction> predict_activations(const Activation
                               g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts, g.n_dense_layers,
                               g.moe_layer_step, int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch,
                               a.seq_len, a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
-                              a.recompute_every, a.in_flight, a.pp_microbatches};
+                              a.recompute_every, a.in_flight, a.pp_microbatches, g.loss_chunk_tokens};
   if (!a.stages || a.stages->empty()) throw std::invalid_argument("predict_activations: no stage");
   if (a.states && a.states_id > 0)
     key.push_back(a.states_id);
@@ -399,6 +403,8 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   s.V = (g.vocab_size + a.tp - 1) / a.tp;
   s.qk_norm = g.qk_norm;
   s.cp = a.cp > 1;
+  // OutputHead::chunk_rows: a chunk as large as the micro-batch is the unchunked head.
+  s.C = g.loss_chunk_tokens > 0 && g.loss_chunk_tokens < s.N ? g.loss_chunk_tokens : 0;
   if (g.num_experts > 0) {
     s.E = g.num_experts;
     s.k = g.top_k;
@@ -458,7 +464,13 @@ ActivationPrediction replay_all(const ActivationShape& a) {
         m.alloc(sz.ND());
         m.free(sz.nD());
       }
-      m.alloc(sz.N * sz.V * sz.beta); // logits, overwritten in place by their gradient
+      if (sz.C > 0) {  // lse kept; each chunk's logits die with the chunk
+        m.alloc(sz.head_kept());
+        m.alloc(sz.C * sz.V * sz.beta);
+        m.free(sz.C * sz.V * sz.beta);
+      } else {
+        m.alloc(sz.head_kept());  // logits, overwritten in place by their gradient
+      }
       r.fwd.push_back(m.phase);
     } else {
       m.free(sz.nD());              // the stage output, sent
@@ -468,14 +480,20 @@ ActivationPrediction replay_all(const ActivationShape& a) {
     m.begin_phase();
     if (st.head) {
       m.alloc(sz.ND());  // dh
+      if (sz.C > 0) {  // each chunk's logits recomputed and turned into their gradient
+        m.alloc(sz.C * sz.V * sz.beta);
+        m.free(sz.C * sz.V * sz.beta);
+      }
       if (sz.sp) {
         m.alloc(sz.nD());
         m.free(sz.ND());
       }
       m.alloc(sz.nD());  // the norm's dx
       // Split: the output projection's term reads h and the logits' gradient, the norm's its
-      // input, rstd and dh: nothing dies before W.
-      if (!sz.split) m.free(sz.n * 4 + sz.nD() /* input */ + sz.ND() + sz.N * sz.V * sz.beta + sz.nD() /* dh */);
+      // input, rstd and dh: nothing dies before W. A chunked head computes its weight gradient
+      // in B (OutputHead), so h and lse die there; only the norm's operands wait for W.
+      if (!sz.split) m.free(sz.n * 4 + sz.nD() /* input */ + sz.ND() + sz.head_kept() + sz.nD() /* dh */);
+      else if (sz.C > 0) m.free(sz.ND() + sz.head_kept());
       bwd.push_back(m.phase);
       after.push_back(m.now);
     } else {
@@ -519,7 +537,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
                                           g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts,
                                           int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch, a.seq_len,
                                           a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
-                                          int64_t(per_op)};
+                                          int64_t(per_op), s.C};
   auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
     if (held != 0) return replay_raw(st, held, split);
     std::vector<int64_t> key = shape_key;

@@ -17,6 +17,7 @@
 #include "parallel/pipeline/simulate.hpp"
 #include "parallel/tp_grads.hpp"
 #include "plan/activation_model.hpp"
+#include "plan/muon_model.hpp"
 
 namespace meshtrain {
 
@@ -92,6 +93,7 @@ struct Held {
   bool tp_partial = false;  // its gradient is summed over tp after backward (tp_grads)
   int64_t block = -1;  // -1: embedding or head
   bool embedding = false, head = false;
+  bool matrix = false;  // a 2-D (experts: 3-D) weight of a block: Muon's, under Muon
 };
 
 // The tp-local parameters of the whole model (tp rank 0, which holds the most), cached per
@@ -120,6 +122,7 @@ const std::vector<Held>& held_parameters(const ModelArgs& args, int64_t tp, int6
     h.embedding = p.name == "tok_embeddings.weight";
     h.tp_partial = tp > 1 && p.sharding.tp_partial_grad;
     h.head = e.block < 0 && !h.embedding;
+    h.matrix = e.block >= 0 && p.local_shape.size() >= 2;
     out.push_back(h);
   }
   return cache.emplace(key, std::move(out)).first->second;
@@ -532,6 +535,7 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       st.flat += full;
       st.shard += sh;
       if (expert) st.shard_experts += sh;
+      if (h.matrix) st.flat_muon += full, st.shard_muon += sh;
       if (h.tp_partial) {  // tp_grads' packing: shards past a chunk go in place
         pack(st.tp_partial, packed_full, h.rows * h.cols);
         pack(st.tp_partial_sharded, packed_shard, std::min(h.rows, (h.rows + g - 1) / g) * h.cols);
@@ -553,6 +557,14 @@ std::vector<RankState> compute_rank_states(const ModelArgs& args, const Parallel
       for (const Held& h : params)
         if (h.embedding) add(h, args.n_layers);
     const double attn = double(args.dim) * double(args.head_dim) * double(2 * args.n_heads + 2 * args.n_kv_heads);
+    for (int64_t b : part.blocks)
+      for (const MuonMatrix& mx : muon_matrices(args, b)) {
+        const double one = newton_schulz_flops(mx.rows, mx.cols, 1);
+        st.muon_ns_flops += one * double(mx.count);
+        st.muon_ns_largest = std::max(st.muon_ns_largest, one);
+        st.muon_matrices += mx.count;
+        st.muon_workspace = std::max(st.muon_workspace, newton_schulz_workspace(mx.rows, mx.cols));
+      }
     for (int64_t b : part.blocks) {
       st.moe_layers += args.is_moe_layer(b) ? 1 : 0;
       st.block_params.push_back(
@@ -598,8 +610,8 @@ using RankActivations = std::vector<std::pair<size_t, std::shared_ptr<const Acti
 
 // The inputs of predict_activations besides the rank's stages and in-flight states (which the
 // rank states fix), as in its memo key: the model's sizes, then micro_batch, seq_len, cp, tp,
-// ep, sequence_parallel, act_bytes, recompute_every and pp_microbatches.
-using ActivationKey = std::array<int64_t, 24>;
+// ep, sequence_parallel, act_bytes, recompute_every, pp_microbatches and loss_chunk_tokens.
+using ActivationKey = std::array<int64_t, 25>;
 
 // rank_activations() for the last few (rank states, activation inputs) asked. The planner
 // predicts the same split and micro-batch under several ZeRO stages, reduce dtypes and cp
@@ -618,7 +630,7 @@ struct ActivationsCache {
 const RankActivations& rank_activations(const std::shared_ptr<const std::vector<RankState>>& states,
                                         const ModelArgs& g, const ActivationKey& key) {
   thread_local ActivationsCache cache;
-  thread_local std::unordered_map<std::array<int64_t, 26>, std::shared_ptr<const ActivationPrediction>, IntsHash> by_rank;
+  thread_local std::unordered_map<std::array<int64_t, 27>, std::shared_ptr<const ActivationPrediction>, IntsHash> by_rank;
   for (const ActivationsCache::Entry& e : cache.entries)
     if (e.states == states && e.key == key) return e.ranks;
   RankActivations made;
@@ -649,10 +661,10 @@ const RankActivations& rank_activations(const std::shared_ptr<const std::vector<
     seen.emplace_back(st.signature_id, std::move(phase));
     // The same rank of a split that differs only in the FSDP group has the same replay: asked
     // by number before predict_activations' own memo (whose key lists the stages).
-    std::array<int64_t, 26> rank_key{};
+    std::array<int64_t, 27> rank_key{};
     std::copy(key.begin(), key.end(), rank_key.begin());
-    rank_key[24] = st.activation_split_id;
-    rank_key[25] = int64_t(r);
+    rank_key[25] = st.activation_split_id;
+    rank_key[26] = int64_t(r);
     if (st.activation_split_id > 0) {
       const auto it = by_rank.find(rank_key);
       if (it != by_rank.end()) {
@@ -698,6 +710,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
                         : ac.mode == CheckpointPolicy::Mode::kOp        ? -1
                                                                         : 0;
   const bool cpu = cfg.training.device == "cpu";
+  const bool muon = uses_muon(cfg);
 
   MemoryPrediction best;
   const std::shared_ptr<const std::vector<RankState>> states =
@@ -709,7 +722,7 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
                                  int64_t(args.qk_norm), int64_t(args.aux_loss_coeff > 0), micro_batch,
                                  cfg.training.seq_len, d.cp, d.tp, d.ep,
                                  int64_t(cfg.parallelism.enable_sequence_parallel), beta, every,
-                                 d.pp > 1 && plan ? plan->microbatches : 0};
+                                 d.pp > 1 && plan ? plan->microbatches : 0, args.loss_chunk_tokens};
   const Zero3Bytes zero3(cfg, beta);  // the ZeRO-3 policy; each rank's kept bytes below
   const int64_t rb = zero3.rb;
   GradBytes grads;  // refilled per rank and state group
@@ -738,6 +751,10 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
         m.gradients = 4 * shard;
         m.optimizer = 8 * shard;
     }
+    if (muon) {  // Muon's matrices keep one float32 momentum buffer, not AdamW's two moments
+      const int64_t matrices = zero == 0 ? st.flat_muon : st.shard_muon;
+      m.optimizer -= 4 * matrices;
+    }
     if (bf16 && zero < 3) m.parameters += 2 * flat;  // the flat bf16 compute copy
     if (zero > 0) {  // the experts' instance's empty shard buffers
       m.gradients += st.units_without_experts;
@@ -755,6 +772,10 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     // tp_grads' packed all-reduce of the gradients partial over tp, after the step's backward.
     const int64_t partial = zero > 0 ? st.tp_partial_sharded : st.tp_partial;
     if (partial > 0) m.communication = std::max(m.communication, 4 * partial);
+    // Muon's step: the owner's gathered matrix and Newton–Schulz buffers (the largest matrix;
+    // one at a time), after the backwards, beside the state only.
+    const int64_t muon_step = muon ? 4 * st.muon_workspace : 0;
+    m.communication = std::max(m.communication, muon_step);
     const int64_t tokens = micro_batch * (cfg.training.seq_len / d.cp);
     if (d.cp > 1) {
       const int64_t kv = 2 * tokens * (args.n_kv_heads / d.tp) * args.head_dim;
@@ -804,7 +825,8 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     // tp_grads' packed all-reduce runs once the step's backwards are done.
     if (partial > 0) coincident = std::max(coincident, act.after_step + 4 * partial);
     // The cpu backend's start-up rate measurement comes before the model exists.
-    m.total = std::max(m.state() + std::min(coincident, act.peak + m.communication), m.temporaries);
+    m.total = std::max({m.state() + std::min(coincident, act.peak + m.communication), m.state() + muon_step,
+                        m.temporaries});
     best.total = std::max(best.total, m.total);
   }
   if (states_out) *states_out = states;

@@ -15,8 +15,11 @@
 ///   ZeRO-2: parameters flat, gradients shard, optimizer 2·shard;
 ///   ZeRO-3 (FSDP): parameters shard, gradients shard, optimizer 2·shard;
 /// plus, under bf16 compute with replicated parameters, a bf16 copy (2 · Σ a16(P_p)), and
-/// E floats of selection bias per MoE block. Pipeline stages differ: every pp rank is computed
-/// and the largest kept.
+/// E floats of selection bias per MoE block. Under Muon (`[optimizer] name = "Muon"`,
+/// plan/muon_model.hpp) the optimizer state of the blocks' matrices is one float32 momentum
+/// (1·flat or 1·shard of them) and AdamW's 2· stays for the rest; its step adds, beside the
+/// state alone, the owner's float32 workspace of the largest matrix (communication category).
+/// Pipeline stages differ: every pp rank is computed and the largest kept.
 ///
 /// Activations come from plan/activation_model.hpp. Communication holds FSDP's unsharded units in
 /// flight (the unit being computed and the next one prefetched: parameters gathered, gradients
@@ -56,6 +59,14 @@ struct RankState {
   int64_t flat = 0;                ///< Σ a16(P_p): the model's flat buffers
   int64_t shard = 0;               ///< Σ a16(⌈R_p/G⌉·C_p) over every held parameter
   int64_t shard_experts = 0;       ///< the routed experts' part of `shard` (G = efsdp under ep)
+  /// Muon (plan/muon_model.hpp): the part of `flat` and `shard` in the 2-D hidden matrices it
+  /// orthogonalizes (the rest stays on AdamW).
+  int64_t flat_muon = 0, shard_muon = 0;
+  /// Muon's Newton–Schulz work on this rank's blocks' whole matrices, per iteration (FLOPs): all
+  /// of them, and the largest single matrix; their count (experts one by one); and the largest
+  /// matrix's workspace (newton_schulz_workspace, float32 elements).
+  double muon_ns_flops = 0, muon_ns_largest = 0;
+  int64_t muon_matrices = 0, muon_workspace = 0;
   /// One FSDP sharding unit (the embedding, each block, the head; the head joins the embedding
   /// when tied), in forward order: Σ a16(P_p) unsharded, and the all-gather output G·Σ a16(⌈R/G⌉·C).
   struct Unit {

@@ -181,7 +181,7 @@ struct StatesCache {
 // when it is shown as its family's smallest, and asks again then). Returns whether it timed it.
 bool evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
               const std::vector<RankPlace>& places, const ModelArgs& args, StatesCache& cache,
-              bool time_unfitting = true) {
+              double document_tokens, bool time_unfitting = true) {
   const std::array<int64_t, 5> key = {c.dims.tp, c.dims.ep, c.dims.dp_shard * c.dims.cp, c.dims.pp,
                                       int64_t(cfg.parallelism.enable_sequence_parallel)};
   if (!cache.states || cache.key != key || cache.plan != plan) {
@@ -196,7 +196,7 @@ bool evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, 
   c.headroom = 1.0 - double(c.memory.total) / limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
   if (!c.fits && !time_unfitting) return false;
-  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args);
+  c.time = predict_step_time(cfg, c.dims, plan, *states, *act, hw, places, &args, document_tokens);
   return true;
 }
 
@@ -238,7 +238,7 @@ PlanCandidate predict_deck(const JobConfig& deck, int64_t world, const HardwareS
   PlanCandidate c = from_deck(deck, dims);
   StatesCache once;
   evaluate(deck, c, dims.pp > 1 ? &plan : nullptr, hw, hw.memory_bytes * (1 - hw.fragmentation),
-           placement_for(deck, world, hw, deck.topology.file), deck.model_args(), once);
+           placement_for(deck, world, hw, deck.topology.file), deck.model_args(), once, 0);
   c.risky = c.headroom < 1.0 - PlanOptions{}.pressure;
   return c;
 }
@@ -424,7 +424,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             bool c_timed = false;
                             try {
                               c_timed = evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a, states_cache,
-                                                 !timed_one);
+                                                 opts.document_tokens, !timed_one);
                               timed_one |= c_timed;
                               if (acm == "none") none_fits = c.fits;
                               // Selective AC when no AC does not fit: the largest N that fits
@@ -440,7 +440,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                   t.ac_option = std::to_string(everies[mid]);
                                   cfg.activation_checkpoint.selective_ac_option = t.ac_option;
                                   evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a, states_cache,
-                                           !timed_one);
+                                           opts.document_tokens, !timed_one);
                                   if (!t.fits) {
                                     hi = mid;
                                     continue;
@@ -540,7 +540,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
     if (!f.least_timed) {  // predicted as in the search, now with its step time
       set_keys(cfg, *f.least);
       if (f.least_plan) f.least_plan->microbatch_size = f.least->microbatch;
-      evaluate(cfg, *f.least, f.least_plan.get(), hw, res.memory_limit, places, a, states_cache);
+      evaluate(cfg, *f.least, f.least_plan.get(), hw, res.memory_limit, places, a, states_cache, opts.document_tokens);
     }
     res.rejected.emplace_back(*f.least, why_not(*f.least, res.memory_limit));
   }

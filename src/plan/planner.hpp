@@ -79,6 +79,9 @@ struct PlanOptions {
   /// Fraction of the usable memory above which a configuration is "risky" (allocator retries and
   /// fragmentation near the limit; PyTorch's caching allocator starts freeing and retrying there).
   double pressure = 0.9;
+  /// Under attn_mask_type = "block_causal": the token-weighted mean document length (tokens) the
+  /// attention time follows (plan/document_mask.hpp); 0 counts attention as causal.
+  double document_tokens = 0;
 };
 
 struct PlanResult {

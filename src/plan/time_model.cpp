@@ -9,6 +9,8 @@
 #include "graph/executor.hpp"
 #include "layout/comm_volume.hpp"
 #include "parallel/pipeline/simulate.hpp"
+#include "plan/document_mask.hpp"
+#include "plan/muon_model.hpp"
 
 namespace meshtrain {
 
@@ -113,7 +115,7 @@ double attention_length_efficiency(double length, bool causal, int64_t head_dim,
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
                                      const HardwareSpec& hw, const std::vector<RankPlace>& places,
-                                     const ModelArgs* given) {
+                                     const ModelArgs* given, double document_tokens) {
   ModelArgs own;  // a reference to the caller's when given (the planner's many candidates share one)
   const ModelArgs& a = given ? *given : (own = cfg.model_args());
   const bool bf16 = cfg.training.mixed_precision_param == "bfloat16";
@@ -165,7 +167,13 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // MoE router and routed experts) but neither attention nor the kept collectives.
   const bool per_op = ac.mode == CheckpointPolicy::Mode::kOp;
   const double recompute_fraction = per_op ? 0.0 : rec->fraction;  // of the blocks, whose forward runs twice (ep)
-  const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq;  // causal half
+  // Document masking (attn_mask_type = "block_causal"): each token attends its own document
+  // only, and the kernels skip key blocks wholly outside the mask, so attention's FLOPs are the
+  // causal ones × document_attention_share, its calls as long as a document at most.
+  const bool doc_mask = a.attn_mask_type == "block_causal" && document_tokens > 0 && document_tokens < seq;
+  const double doc_share = doc_mask ? document_attention_share(document_tokens, seq) : 1.0;
+  auto call_length = [&](double length) { return doc_mask ? std::min(length, document_tokens) : length; };
+  const double attn_per_block = 0.5 * 12.0 * double(a.n_heads) * double(a.head_dim) * seq * doc_share;  // causal half
   // Shapes: a micro-batch's rows on the rank (tokens of its local batch or pipeline micro-batch
   // after the cp cut), and the attention calls they make. Without cp one causal call over the
   // sequence; with cp the load-balanced cut gives each rank 2 chunks of c = seq / (2·cp) tokens
@@ -178,9 +186,9 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   double attention_eff = hw.attention_efficiency;
   if (!chunked_cp) {
     // Ulysses attends the whole sequence with heads split over cp.
-    attention_eff *= attention_length_efficiency(seq, true, a.head_dim, hw);
+    attention_eff *= attention_length_efficiency(call_length(seq), true, a.head_dim, hw);
   } else {
-    const double c = seq / double(2 * d.cp), diag = 1.0 / double(2 * d.cp);
+    const double c = call_length(seq / double(2 * d.cp)), diag = 1.0 / double(2 * d.cp);
     attention_eff /= diag / attention_length_efficiency(c, true, a.head_dim, hw) +
                      (1 - diag) / attention_length_efficiency(c, false, a.head_dim, hw);
   }
@@ -201,21 +209,25 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     last_key = shape_key;
   }
   const double dense_eff = last_eff[0], moe_eff = last_eff[1], head_eff = last_eff[2];
+  // Chunked cross-entropy (loss_chunk_tokens below the micro-batch's rows, OutputHead): backward
+  // recomputes each chunk's logits, one more head GEMM (2·D·V per token).
+  const bool chunked_head = a.loss_chunk_tokens > 0 && double(a.loss_chunk_tokens) < rows;
+  const double head_per_token = (chunked_head ? 8.0 : 6.0) * double(a.dim) * double(a.vocab_size);
   // Per token of the busiest pipeline rank: matmul FLOPs, their time in FLOPs at the large-GEMM
   // rate (FLOPs / shape efficiency), and attention FLOPs; and the rank with the most blocks,
   // with how many of them it recomputes. These depend on the split, the recomputation policy
   // and the efficiencies only: the planner asks for them under several ZeRO stages, dtypes and
   // cp rotations in a row, so the last few answers are kept per rank_states() result.
   struct Busiest {
-    std::array<double, 11> key{};
+    std::array<double, 12> key{};
     double mm = 0, mm_time = 0, attn = 0, stage_blocks = 0, stage_recomputed = 0;
   };
   thread_local std::array<Busiest, 8> busiest_memo;
   thread_local size_t busiest_next = 0;
   const int64_t split_id = states.empty() ? 0 : states.front().split_id;
-  const std::array<double, 11> busiest_key = {double(split_id), double(states.size()), double(int(ac.mode)),
+  const std::array<double, 12> busiest_key = {double(split_id), double(states.size()), double(int(ac.mode)),
                                               double(ac.every), dense_eff, moe_eff, head_eff, attention_eff,
-                                              hw.matmul_efficiency, attn_per_block, double(a.n_layers)};
+                                              hw.matmul_efficiency, attn_per_block, double(a.n_layers), head_per_token};
   const Busiest* known = nullptr;
   if (split_id > 0)
     for (const Busiest& b : busiest_memo)
@@ -223,7 +235,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   Busiest made;
   if (!known) {
     for (const RankState& st : states) {
-      double m_r = st.head ? 6.0 * double(a.dim) * double(a.vocab_size) : 0.0, a_r = 0;
+      double m_r = st.head ? head_per_token : 0.0, a_r = 0;
       double t_r = m_r / head_eff;
       for (size_t i = 0; i < st.blocks.size(); ++i) {
         const bool moe_block = a.is_moe_layer(st.blocks[i]);
@@ -264,7 +276,13 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   // backward, its gradient written and read, ~6 passes, at memory_efficiency; the optimizer's
   // multi-tensor AdamW streams 28 bytes per local element at the full bandwidth.
   const double traffic = 6.0 * double(act.per_microbatch_rank) * double(micro);
-  const double optimizer_bytes = 28.0 * double(local_params);
+  // Under Muon its matrices stream 20 bytes per element instead (parameter read and written,
+  // gradient read, one momentum read and written).
+  const bool muon = uses_muon(cfg);
+  int64_t local_muon = 0;
+  if (muon)
+    for (const RankState& st : states) local_muon = std::max(local_muon, d.dp_shard * d.cp > 1 ? st.shard_muon : st.flat_muon);
+  const double optimizer_bytes = 28.0 * double(local_params) - 8.0 * double(local_muon);
   // The pipeline bubble, as a fraction of compute: the schedule's textbook figure (a CSV
   // schedule: simulated).
   const bool pipelined = d.pp > 1;
@@ -382,6 +400,24 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     add("ep", d.tp, d.ep, double(micro) * double(moe_blocks) / double(d.pp) * (4 + 2 * recompute_fraction) * per,
         double(micro) * double(moe_blocks) / double(d.pp) * 4);
   }
+  // Muon (plan/muon_model.hpp): each matrix gathered whole in float32 to one owner of its
+  // FSDP-shard × tp group (the g = tp·fsdp consecutive ranks), orthogonalized there, scattered
+  // back: each rank sends and receives its shard of every matrix, 2 · 4 · shard · (g − 1) / g
+  // bytes (the owner receiving the (g − 1)/g of its matrices the others hold, owners dealt out
+  // evenly), one message per matrix each way. Owners share a group's matrices evenly (no rank
+  // below its largest one), at the device's large-GEMM rate; replicated (g = 1) every rank
+  // orthogonalizes its stage's matrices itself.
+  if (muon) {
+    const int64_t g = d.tp * fsdp;
+    double ns = 0, moved = 0, matrices = 0;
+    for (const RankState& r : states) {
+      ns = std::max(ns, std::max(r.muon_ns_flops / double(g), r.muon_ns_largest));
+      moved = std::max(moved, double(r.shard_muon));  // this rank's piece of each matrix (tp-local, FSDP shard)
+      matrices = std::max(matrices, double(r.muon_matrices));
+    }
+    p.muon_s = ns * double(cfg.optimizer.muon_num_ns_steps) / (peak * hw.matmul_efficiency);
+    add("muon", 1, g, 2.0 * 4.0 * moved * double(g - 1) / double(g), 2.0 * matrices / double(g));
+  }
   // Exposure (see the header).
   const double overlap = hw.comm_overlap * p.compute_s;
   // The ring's hops, per block (layer) and micro-batch: each hop carries the next step's K/V
@@ -395,7 +431,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     const double kd = double(a.n_kv_heads * a.head_dim) / tp_d, cp = double(d.cp);
     const double hop_kv = 2 * rows * kd * beta / bw + lat, hop_dkv = 2 * rows * kd * 4 / bw + lat;
     const double slow = cpu_backend && busy_ranks > cores ? busy_ranks / cores : 1.0;
-    const double attn_fwd_layer = 2.0 * double(a.n_heads) / tp_d * double(a.head_dim) * seq * 0.5 * rows;
+    const double attn_fwd_layer = 2.0 * double(a.n_heads) / tp_d * double(a.head_dim) * seq * 0.5 * rows * doc_share;
     const double mem_bw = bandwidth * hw.memory_efficiency;
     const double step_fwd = slow * (attn_fwd_layer / (peak * attention_eff) + cp_merge_fwd / mem_bw) / cp;
     const double step_bwd = slow * (2 * attn_fwd_layer / (peak * attention_eff) + cp_merge_bwd / mem_bw) / cp;
@@ -406,7 +442,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   double hidden_budget = overlap;  // compute that async collectives may hide behind, shared
   for (CommTime& c : p.comm) {
     const std::string_view dim = c.dim;
-    if (dim == "tp" || dim == "ep" || dim == "pp" ||
+    if (dim == "tp" || dim == "ep" || dim == "pp" || dim == "muon" ||
         (dim == "cp" && cfg.parallelism.context_parallel_rotate_method != "alltoall")) {
       c.exposed_s = c.seconds;
     } else if (dim == "cp") {
@@ -420,7 +456,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     p.exposed_comm_s += c.exposed_s;
   }
   p.bubble_s = bubble_fraction * p.compute_s;
-  p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s;
+  p.step_s = p.compute_s + p.exposed_comm_s + p.bubble_s + p.muon_s;
   p.tokens_per_s_per_device = global_tokens / p.step_s / double(world);
   p.mfu = a.flops_per_token(cfg.training.seq_len) * global_tokens / (p.step_s * double(world) * peak);
   return p;

@@ -8,12 +8,14 @@
 /// tokens / (dp·cp), split over tp):
 ///   matmul FLOPs    (Σ over its blocks of (6 + 2·recomputed)·P_block + 6·D·V with the head)·t/tp
 ///                   (Kaplan et al. 2020: the forward's 2·N plus the backward's 4·N; recomputed
-///                   blocks add their forward's 2·N)
+///                   blocks add their forward's 2·N; a chunked cross-entropy head, loss_chunk_tokens
+///                   below the micro-batch's rows, 8·D·V: backward recomputes the logits)
 ///   attention FLOPs Σ over its blocks of 6·Hq·Dh·T·(1 + recomputed/3)·t/tp (half of PaLM's
-///                   12·H·Dh·T per layer: causal flash attention skips the masked half)
+///                   12·H·Dh·T per layer: causal flash attention skips the masked half), × the
+///                   document_attention_share under block_causal (plan/document_mask.hpp)
 ///   memory traffic  6 × the activation bytes a micro-batch keeps on the rank × micro-batches
 ///                   (each written in forward, read in backward, its gradient written and read)
-///   optimizer       AdamW's 28 bytes per local parameter element, streamed
+///   optimizer       AdamW's 28 bytes per local parameter element, streamed (Muon's matrices 20)
 ///   T_compute = matmul / (peak · matmul_efficiency) + attention / (peak · attention_efficiency)
 ///               + traffic / (bandwidth · memory_efficiency) + optimizer / bandwidth; on the cpu
 ///               entry the bandwidth is the node's split over its busy ranks, and busy ranks
@@ -28,6 +30,9 @@
 /// FSDP / ZeRO / data-parallel collectives that comm_overlap × compute cannot hide (the first
 /// unit's gather always shows), the ring's K/V beyond the attention it overlaps.
 /// Bubble: the schedule's textbook fraction (parallel/pipeline/simulate.hpp) × T_compute.
+/// Muon (plan/muon_model.hpp): T_muon, the Newton–Schulz FLOPs of the busiest owner at
+/// peak · matmul_efficiency, after the step's backwards; its gather / scatter ("muon") exposed.
+/// T_step = T_compute + exposed communication + bubble + T_muon.
 #include <string>
 #include <vector>
 
@@ -41,7 +46,7 @@ namespace meshtrain {
 
 /// One dimension's traffic.
 struct CommTime {
-  const char* dim = "";   ///< "tp", "fsdp", "efsdp", "dp_replicate", "cp", "ep", "pp"
+  const char* dim = "";   ///< "tp", "fsdp", "efsdp", "dp_replicate", "cp", "ep", "pp", "muon"
   const char* tier = "";  ///< the widest tier its groups span: "node", "rack" (one leaf switch) or "spine"
   double bytes = 0;     ///< sent per rank per step
   double seconds = 0;   ///< if nothing overlapped it
@@ -51,6 +56,7 @@ struct CommTime {
 struct StepTimePrediction {
   double compute_s = 0;   ///< T_compute (recomputation included)
   double bubble_s = 0;    ///< pipeline idle
+  double muon_s = 0;      ///< Muon's Newton–Schulz iterations on the busiest owner (0 without Muon)
   std::vector<CommTime> comm;
   double exposed_comm_s = 0;  ///< Σ exposed
   double step_s = 0;
@@ -83,12 +89,14 @@ double attention_length_efficiency(double length, bool causal, int64_t head_dim,
 
 /// The prediction for `cfg` on `dims` (validated; `plan` as for predict_memory) on `hw`, with
 /// `states` = rank_states(...) of the same configuration and `places` every rank's node and rack
-/// (placement_for). @throws std::invalid_argument when the hardware has no peak for the run's
-/// dtype or `places` has fewer ranks than the world.
+/// (placement_for). `document_tokens`: under attn_mask_type = "block_causal", the token-weighted
+/// mean document length attention follows (plan/document_mask.hpp); 0 counts it as causal.
+/// @throws std::invalid_argument when the hardware has no peak for the run's dtype or `places`
+/// has fewer ranks than the world.
 StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                      const std::vector<RankState>& states, const ActivationPrediction& act,
                                      const HardwareSpec& hw, const std::vector<RankPlace>& places,
-                                     const ModelArgs* args = nullptr);
+                                     const ModelArgs* args = nullptr, double document_tokens = 0);
 
 /// Where `world` ranks sit: devices_per_node consecutive ranks per node (the cpu entry: the
 /// deck's [topology] ranks_per_node, all on one node when the world is smaller), racks from the

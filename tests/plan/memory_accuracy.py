@@ -3,7 +3,8 @@
 
 For each layout (DDP, FSDP, ZeRO-1/2, HSDP, TP and TP without sequence parallelism, TP x FSDP,
 pipeline schedules (zero-bubble ones included), pipeline x FSDP and x ZeRO-2, CP with both
-rotate methods, MoE with and without expert parallelism, full and per-operator activation checkpointing) on a model: train 2 steps on CPU ranks,
+rotate methods, MoE with and without expert parallelism, full and per-operator activation checkpointing,
+chunked cross-entropy) on a model: train 2 steps on CPU ranks,
 read the summary's memory_peak_bytes_by_category (largest rank per category) and the largest
 step record's memory_peak_bytes, and ask `meshtrain plan --fixed all --json` for the same deck and overrides.
   parameters, gradients, optimizer: equal to the byte;
@@ -46,6 +47,9 @@ LAYOUTS = [
                            "--activation_checkpoint.mode=full"]),
     ("single_op_ac", 1, ["--training.local_batch_size=2", "--training.global_batch_size=2",
                          "--activation_checkpoint.mode=selective", "--activation_checkpoint.selective_ac_option=op"]),
+    # Chunked cross-entropy: the head's logits one [256, vocab] chunk at a time, lse kept.
+    ("single_chunked_ce", 1, ["--training.local_batch_size=16", "--training.global_batch_size=16",
+                              "--model.loss_chunk_tokens=256"]),
     ("ddp2", 2, ["--training.local_batch_size=1", "--training.global_batch_size=2",
                  P + "data_parallel_replicate_degree=2", P + "data_parallel_shard_degree=1"]),
     ("fsdp4", 4, ["--training.local_batch_size=1", "--training.global_batch_size=4"]),
