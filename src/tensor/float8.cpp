@@ -71,4 +71,41 @@ void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Form
   if (scales) std::copy(s.begin(), s.end(), scales);
 }
 
+Float8LinearRecipe float8_linear_recipe(const std::string& name) {
+  using F = Float8Format;
+  using S = Float8Scaling;
+  const auto cast = [](F f, S s) { return Float8Cast{true, f, s}; };
+  Float8LinearRecipe r;
+  r.name = name;
+  if (name == "tensorwise") {
+    r.output_x = r.output_w = r.grad_input_w = r.grad_weight_x = cast(F::kE4M3, S::kTensorwise);
+    r.grad_input_dy = r.grad_weight_dy = cast(F::kE5M2, S::kTensorwise);
+    return r;
+  }
+  if (name == "rowwise" || name == "rowwise_with_gw_hp") {
+    r.power_of_two = true;
+    r.output_x = r.output_w = r.grad_input_dy = cast(F::kE4M3, S::kRowwise);
+    if (name == "rowwise") {
+      r.grad_input_w = cast(F::kE4M3, S::kColumnwise);
+      r.grad_weight_dy = r.grad_weight_x = cast(F::kE4M3, S::kColumnwise);
+    } else {
+      r.grad_input_w = cast(F::kE4M3, S::kTensorwise);  // grad_weight stays high precision
+    }
+    return r;
+  }
+  throw std::invalid_argument("float8 recipe '" + name + "' (tensorwise | rowwise | rowwise_with_gw_hp)");
+}
+
+void float8_cast_operand(const float* x, int64_t rows, int64_t cols, const Float8Cast& cast, bool power_of_two,
+                         float* out) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("float8_cast_operand: negative size [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  if (!cast.quantize) {
+    if (out != x) std::copy(x, x + rows * cols, out);
+    return;
+  }
+  float8_fake_quantize(x, rows, cols, cast.format, cast.scaling, power_of_two, out);
+}
+
 }  // namespace meshtrain

@@ -66,4 +66,42 @@ enum class Float8Scaling { kTensorwise, kRowwise, kColumnwise };
 void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
                           bool power_of_two, float* out, float* scales = nullptr);
 
+/// How a Float8 recipe casts one GEMM operand: not at all (`quantize` false: high precision), or
+/// to `format` with scales per `scaling` group of the operand as stored (row-major).
+struct Float8Cast {
+  bool quantize = false;
+  Float8Format format = Float8Format::kE4M3;
+  Float8Scaling scaling = Float8Scaling::kTensorwise;
+};
+
+/// The operand casts of a linear layer y = x·Wᵀ and its two gradient GEMMs under one of
+/// TorchAO's recipes (torchao/float8/config.py, Float8LinearConfig.from_recipe_name; the names
+/// TorchTitan's [quantize.linear.float8] recipe_name takes). Shapes: x [M, K], W [N, K] (as
+/// stored, PyTorch's [out, in]), dy [M, N]; the three GEMMs
+///   y  [M, N] = x · Wᵀ     (reduction over K: x and W scaled along their rows),
+///   dx [M, K] = dy · W     (over N: dy along its rows, W along its columns),
+///   dW [N, K] = dyᵀ · x    (over M: dy and x along their columns).
+///   tensorwise:          every operand tensorwise; x and W e4m3, dy e5m2;
+///   rowwise:             every operand e4m3, scaled along the GEMM's reduction dimension;
+///   rowwise_with_gw_hp:  y as rowwise; dx from dy rowwise and W tensorwise, both e4m3; dW in
+///                        high precision (neither operand cast).
+/// The rowwise recipes round their scales down to powers of two (power_of_two).
+struct Float8LinearRecipe {
+  std::string name;
+  bool power_of_two = false;
+  Float8Cast output_x, output_w;
+  Float8Cast grad_input_dy, grad_input_w;
+  Float8Cast grad_weight_dy, grad_weight_x;
+};
+
+/// The recipe called `name`: "tensorwise", "rowwise" or "rowwise_with_gw_hp".
+/// @throws std::invalid_argument naming it otherwise.
+Float8LinearRecipe float8_linear_recipe(const std::string& name);
+
+/// One operand x [rows, cols] through its cast into out (may alias x): a copy when the cast is
+/// high precision, else float8_fake_quantize with the recipe's power-of-two rule.
+/// @throws std::invalid_argument for negative sizes.
+void float8_cast_operand(const float* x, int64_t rows, int64_t cols, const Float8Cast& cast, bool power_of_two,
+                         float* out);
+
 }  // namespace meshtrain

@@ -47,3 +47,34 @@ BOOST_AUTO_TEST_CASE(scales_follow_torchao) {
   BOOST_CHECK_THROW(float8_fake_quantize(x.data(), -1, 3, Float8Format::kE4M3, Float8Scaling::kRowwise, true,
                                          out.data()), std::invalid_argument);
 }
+
+// TorchAO's recipes (torchao/float8/config.py, from_recipe_name), operand by operand.
+BOOST_AUTO_TEST_CASE(linear_recipes_match_torchao) {
+  using F = Float8Format;
+  using S = Float8Scaling;
+  const auto is = [](const Float8Cast& c, F f, S s) { return c.quantize && c.format == f && c.scaling == s; };
+  const Float8LinearRecipe t = float8_linear_recipe("tensorwise");
+  BOOST_TEST(!t.power_of_two);
+  BOOST_TEST((is(t.output_x, F::kE4M3, S::kTensorwise) && is(t.output_w, F::kE4M3, S::kTensorwise)));
+  BOOST_TEST((is(t.grad_input_dy, F::kE5M2, S::kTensorwise) && is(t.grad_input_w, F::kE4M3, S::kTensorwise)));
+  BOOST_TEST((is(t.grad_weight_dy, F::kE5M2, S::kTensorwise) && is(t.grad_weight_x, F::kE4M3, S::kTensorwise)));
+  const Float8LinearRecipe r = float8_linear_recipe("rowwise");
+  BOOST_TEST(r.power_of_two);
+  BOOST_TEST((is(r.output_x, F::kE4M3, S::kRowwise) && is(r.output_w, F::kE4M3, S::kRowwise)));
+  BOOST_TEST((is(r.grad_input_dy, F::kE4M3, S::kRowwise) && is(r.grad_input_w, F::kE4M3, S::kColumnwise)));
+  BOOST_TEST((is(r.grad_weight_dy, F::kE4M3, S::kColumnwise) && is(r.grad_weight_x, F::kE4M3, S::kColumnwise)));
+  const Float8LinearRecipe h = float8_linear_recipe("rowwise_with_gw_hp");
+  BOOST_TEST(h.power_of_two);
+  BOOST_TEST((is(h.output_x, F::kE4M3, S::kRowwise) && is(h.grad_input_dy, F::kE4M3, S::kRowwise)));
+  BOOST_TEST(is(h.grad_input_w, F::kE4M3, S::kTensorwise));
+  BOOST_TEST((!h.grad_weight_dy.quantize && !h.grad_weight_x.quantize));
+  BOOST_CHECK_THROW(float8_linear_recipe("mxfp8"), std::invalid_argument);
+  // A high-precision operand is copied unchanged; a cast one goes through the emulation.
+  const std::vector<float> x = {0.1f, -3.0f, 1e-3f, 7.0f};
+  std::vector<float> out(4), want(4);
+  float8_cast_operand(x.data(), 2, 2, h.grad_weight_x, h.power_of_two, out.data());
+  BOOST_TEST(out == x);
+  float8_cast_operand(x.data(), 2, 2, r.grad_input_w, r.power_of_two, out.data());
+  float8_fake_quantize(x.data(), 2, 2, F::kE4M3, S::kColumnwise, true, want.data());
+  BOOST_TEST(out == want);
+}
