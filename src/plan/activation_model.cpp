@@ -538,16 +538,20 @@ ActivationPrediction replay_all(const ActivationShape& a) {
                                           int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch, a.seq_len,
                                           a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
                                           int64_t(per_op), s.C};
-  auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
-    if (held != 0) return replay_raw(st, held, split);
-    std::vector<int64_t> key = shape_key;
-    key.reserve(key.size() + 4 + st.blocks.size());
+  // Cleared here only, before this call's replays: the references stage_replay hands out stay
+  // valid through the call (an unordered_map's elements survive its rehashes).
+  if (stage_memo.size() > 16384) stage_memo.clear();
+  thread_local std::vector<int64_t> key;  // reused: no allocation per lookup
+  auto stage_replay = [&](const ActivationShape::Stage& st, bool split) -> const Replay& {
+    key.assign(shape_key.begin(), shape_key.end());
     key.insert(key.end(), {int64_t(st.embedding), int64_t(st.head), int64_t(split), int64_t(st.blocks.size())});
     for (int64_t b : st.blocks) key.push_back(int64_t(recomputed(b)) + 2 * int64_t(g.is_moe_layer(b)));
     const auto it = stage_memo.find(key);
     if (it != stage_memo.end()) return it->second;
-    if (stage_memo.size() > 16384) stage_memo.clear();
-    return stage_memo.emplace(std::move(key), replay_raw(st, held, split)).first->second;
+    return stage_memo.emplace(key, replay_raw(st, 0, split)).first->second;
+  };
+  auto replay = [&](const ActivationShape::Stage& st, int64_t held, bool split) {
+    return held != 0 ? replay_raw(st, held, split) : stage_replay(st, split);
   };
 
   const std::vector<ActivationShape::Stage>& stages = *a.stages;
@@ -555,7 +559,7 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   // stage keeping the most) while one more runs through the stage that peaks highest.
   int64_t biggest = 0;
   for (const ActivationShape::Stage& st : stages) {
-    const Replay one = replay(st, 0, false);
+    const Replay& one = stage_replay(st, false);
     biggest = std::max(biggest, one.kept);
     out.per_microbatch_rank += one.kept;
     out.after_step = std::max(out.after_step, one.end);
@@ -585,11 +589,11 @@ ActivationPrediction replay_all(const ActivationShape& a) {
   bool split = false;
   for (const SimulationResult::InFlightState& st : *a.states)
     for (int p : st.pending) split |= p > 0;
-  std::vector<Replay> base(stages.size());
+  std::vector<const Replay*> base(stages.size());
   std::vector<int64_t> pending(stages.size(), 0);  // a micro-batch's bytes from its I to its W
   for (size_t i = 0; i < stages.size(); ++i) {
-    base[i] = replay(stages[i], 0, split);
-    if (split) pending[i] = base[i].end - replay(stages[i], 0, false).end;
+    base[i] = &stage_replay(stages[i], split);
+    if (split) pending[i] = base[i]->end - stage_replay(stages[i], false).end;
   }
   // Per (stage, stages that have run a backward), the highest bytes alive at each unit's phase
   // over the states of that kind: a forward state's forward phases, a backward state's backward
@@ -611,12 +615,12 @@ ActivationPrediction replay_all(const ActivationShape& a) {
       throw std::invalid_argument("predict_activations: an in-flight state does not match the rank's stages");
     int64_t held = 0, flight = st.phase == Phase::kWeight ? 0 : 1;
     for (size_t i = 0; i < stages.size(); ++i) {
-      held += st.held[i] * base[i].kept + st.pending[i] * pending[i];
+      held += st.held[i] * base[i]->kept + st.pending[i] * pending[i];
       flight += st.held[i] + st.pending[i];
     }
     held += contexts(flight);
     const size_t i = size_t(st.running);
-    const Replay& r = base[i];
+    const Replay& r = *base[i];
     const size_t gi = groups->group_of[k];
     Replay& m = merged[gi];
     if (fresh[gi]) {  // the group's phase arrays, shaped like its stage's replay, from zero

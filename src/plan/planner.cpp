@@ -10,6 +10,7 @@
 
 #include "config/pipeline_plan.hpp"
 #include "config/toml_value.hpp"
+#include "parallel/pipeline/schedule.hpp"
 #include "parallel/pipeline/stage_split.hpp"
 #include "util/errors.hpp"
 
@@ -49,6 +50,13 @@ const char* kZero = "parallelism.zero_stage";
 const char* kReshard = "parallelism.fsdp_reshard_after_forward";
 const char* kReduce = "training.mixed_precision_reduce";
 
+
+// The schedule's position in schedule_names() (−1 for another name), a number for memo keys.
+int64_t schedule_index(const std::string& name) {
+  const std::vector<std::string>& all = schedule_names();
+  const auto it = std::find(all.begin(), all.end(), name);
+  return it == all.end() ? -1 : int64_t(it - all.begin());
+}
 
 // Selective AC's N values worth trying on `layers` blocks: block b is recomputed when b % N == 0,
 // so N recomputes ceil(layers / N) blocks; the first N of each distinct count, count falling
@@ -297,6 +305,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   std::map<std::string, size_t> family_by_name;
   std::map<std::array<int64_t, 7>, size_t> family_of;
   StatesCache states_cache;
+  std::map<std::array<int64_t, 3>, std::pair<bool, std::string>> verdicts;  // schedule_verdict's, per key
   const int64_t keep = std::max<int64_t>(opts.top, 1);
   auto faster = [](const PlanCandidate& x, const PlanCandidate& y) {
     return x.time.tokens_per_s_per_device > y.time.tokens_per_s_per_device;
@@ -342,17 +351,25 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                   // The schedule's own rules (m ≥ pp for 1F1B, …) decide many candidates at
                   // once: ask the memoized verdict validate() reaches, before building any.
                   if (pp > 1 && deck.parallelism.pipeline_parallel_schedule_csv.empty()) {
-                    std::string why;
-                    bool ok = true;
-                    try {
-                      const int v = stages_per_rank_for(sched, int(pp), a.n_layers,
-                                                        dp.pipeline_parallel_layers_per_stage.value_or(0),
-                                                        dp.pipeline_parallel_first_stage_less_layers,
-                                                        dp.pipeline_parallel_last_stage_less_layers);
-                      ok = schedule_verdict(sched, int(pp), int(lb / mb), v, &why);
-                    } catch (const std::exception& e) {
-                      ok = false, why = e.what();
+                    // Per (schedule, pp, micro-batches), asked once: the search asks for each
+                    // hundreds of thousands of times.
+                    const std::array<int64_t, 3> vkey = {schedule_index(sched), pp, lb / mb};
+                    auto known = verdicts.find(vkey);
+                    if (known == verdicts.end()) {
+                      std::string why;
+                      bool ok = true;
+                      try {
+                        const int v = stages_per_rank_for(sched, int(pp), a.n_layers,
+                                                          dp.pipeline_parallel_layers_per_stage.value_or(0),
+                                                          dp.pipeline_parallel_first_stage_less_layers,
+                                                          dp.pipeline_parallel_last_stage_less_layers);
+                        ok = schedule_verdict(sched, int(pp), int(lb / mb), v, &why);
+                      } catch (const std::exception& e) {
+                        ok = false, why = e.what();
+                      }
+                      known = verdicts.emplace(vkey, std::make_pair(ok, std::move(why))).first;
                     }
+                    const auto& [ok, why] = known->second;
                     if (!ok) {
                       // The candidates the loops below would have made: (ZeRO stage, reshard)
                       // pairs are 3 + 1 + 1 (only ZeRO-3 varies the reshard policy).
