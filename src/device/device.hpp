@@ -7,9 +7,11 @@
 /// activations and parameter values (see cuda_device.hpp); statistics, optimizer state and
 /// accumulated gradients are f32 on every backend.
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "tensor/float8.hpp"
 #include "tensor/tensor.hpp"
 
 namespace meshtrain {
@@ -325,6 +327,18 @@ class Device {
   /// dst = src converted between f32 and bf16 (equal numel; bf16 rounds to nearest even, as
   /// torch's .to(torch.bfloat16)); equal dtypes copy. @throws std::invalid_argument for i32.
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;
+  /// Float8 training's operand cast (tensor/float8.hpp): dst [R, C] = quantize → dequantize of
+  /// src [R, C] (f32, contiguous, row-major) to cast.format with one dynamic scale per
+  /// cast.scaling group, rounded down to a power of two when power_of_two (TorchAO's rowwise
+  /// recipes); a copy when !cast.quantize. dst may be src. The CPU device emulates it exactly
+  /// (float8_cast_operand); this default refuses, so a device without it never trains
+  /// silently in high precision (configuration refuses float8 on such devices first).
+  /// @throws std::runtime_error "not implemented yet" naming the device; the CPU device throws
+  ///         std::invalid_argument for a non-f32 or non-2-D operand or a shape mismatch.
+  virtual void float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) {
+    (void)src, (void)cast, (void)power_of_two, (void)dst;
+    throw std::runtime_error("float8 operand casts on the " + name() + " device are not implemented yet");
+  }
 };
 
 /// Creates the device named `kind` for this rank: "cpu", or "cuda" (GPU `gpu` of this node,

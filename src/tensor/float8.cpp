@@ -1,6 +1,7 @@
 #include "tensor/float8.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 #include <vector>
@@ -24,14 +25,17 @@ float float8_round(float x, Float8Format f) {
   if (a >= l.max) return std::copysign(l.max, x);  // saturation (and ±inf)
   if (a == 0.0f) return x;
   // The grid spacing at |x|: 2^(e − mantissa_bits) for x in [2^e, 2^(e+1)), the subnormal
-  // spacing below the smallest normal. x / q and k · q are exact (powers of two, far from
-  // float32's range limits), so the only rounding is nearbyint's: to nearest, ties to even.
-  // A mantissa that rounds up into the next binade lands on its first value, still exact.
-  int e = 0;
-  std::frexp(a, &e);  // a = m · 2^e, m in [0.5, 1): a is in [2^(e−1), 2^e)
-  const int exp = std::max(e - 1, l.min_normal_exp);
-  const float q = std::ldexp(1.0f, exp - l.mantissa_bits);
-  return std::copysign(std::nearbyint(a / q) * q, x);
+  // spacing below the smallest normal. a · 2^−(…) and k · q are exact (powers of two, far from
+  // float32's range limits), so the only rounding is rint's: to nearest, ties to even (the
+  // default rounding mode). A mantissa that rounds up into the next binade lands on its first
+  // value, still exact. e comes from the float32 exponent field (a float32 subnormal reads as
+  // −127, below both formats' smallest normal, as its true exponent is): one cast of a large
+  // activation runs this per element, so no frexp / ldexp calls.
+  const int e = int(std::bit_cast<uint32_t>(a) >> 23) - 127;
+  const int exp = std::max(e, l.min_normal_exp);
+  const float q = std::bit_cast<float>(uint32_t(exp - l.mantissa_bits + 127) << 23);
+  const float inv_q = std::bit_cast<float>(uint32_t(l.mantissa_bits - exp + 127) << 23);
+  return std::copysign(std::rint(a * inv_q) * q, x);
 }
 
 float float8_scale(float amax, Float8Format f, bool power_of_two) {
@@ -50,24 +54,31 @@ void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Form
     throw std::invalid_argument("float8_fake_quantize: negative size [" + std::to_string(rows) + ", " +
                                 std::to_string(cols) + "]");
   const int64_t groups = scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
-  const auto group = [&](int64_t r, int64_t c) {
-    return size_t(scaling == Float8Scaling::kTensorwise ? 0 : scaling == Float8Scaling::kRowwise ? r : c);
-  };
+  // The group of element (r, c) is g_row[r] + g_col[c]: one of the two strides is 0.
+  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
+  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
   // amax per group; a NaN sticks (torch.max propagates it, so the group's scale is NaN).
   std::vector<float> amax(static_cast<size_t>(groups), 0.0f);
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* m = amax.data() + r * row_stride;
     for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::fabs(x[r * cols + c]);
-      float& m = amax[group(r, c)];
-      if (!std::isnan(m) && (std::isnan(v) || v > m)) m = v;
+      const float v = std::fabs(xr[c]);
+      float& mc = m[c * col_stride];
+      if (!(v <= mc)) mc = std::isnan(mc) ? mc : v;  // v > mc, or v NaN
     }
+  }
   std::vector<float> s(static_cast<size_t>(groups));
   for (size_t g = 0; g < s.size(); ++g) s[g] = float8_scale(amax[g], f, power_of_two);
-  for (int64_t r = 0; r < rows; ++r)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* orow = out + r * cols;
+    const float* sr = s.data() + r * row_stride;
     for (int64_t c = 0; c < cols; ++c) {
-      const float sc = s[group(r, c)];
-      out[r * cols + c] = float8_round(x[r * cols + c] * sc, f) / sc;
+      const float sc = sr[c * col_stride];
+      orow[c] = float8_round(xr[c] * sc, f) / sc;
     }
+  }
   if (scales) std::copy(s.begin(), s.end(), scales);
 }
 

@@ -102,6 +102,7 @@ class CpuDevice final : public Device {
   void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) override;
   void fill(const Tensor& x, float value) override;
   void cast(const Tensor& dst, const Tensor& src) override;
+  void float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) override;
 
  private:
   int threads_;
