@@ -142,7 +142,6 @@ class Table {
   }
 };
 
-const std::string kFloat8 = "applies only to float8 training (model.converters), which is not implemented yet";
 const std::string kMx = "applies only to MX (mxfp8) training (model.converters), which is not implemented yet";
 const std::string kGroupedMm =
     "applies only to low-precision (float8 / MX) grouped GEMMs of Mixture-of-Experts models, which are not "
@@ -157,18 +156,19 @@ const std::string kFt = "applies only with fault_tolerance.enable (torchft), whi
 // model.converters: TorchTitan's converter names (torchtitan/components/quantization/*.py) plus
 // the legacy "float8" its presets still write.
 Rule converters_rule() {
-  return {"[]: honoured; float8 / MX / grouped-GEMM converters: refused (not implemented yet); other names: refused "
+  return {"[]: honoured; \"float8\" / \"quantize.linear.float8\": honoured on the cpu device as an emulation with "
+          "[quantize.linear.float8] emulate = true (refused without it), refused (not implemented yet) on cuda and "
+          "with tensor parallelism; MX / grouped-GEMM converters: refused (not implemented yet); other names: refused "
           "(unknown converter)",
           [](const OptionValue& v) {
             for (const OptionValue& c : v.items) {
               const std::string& n = c.text;
-              if (n == "float8" || n == "quantize.linear.float8")
-                return refused_v("\"" + n + "\": float8 training is not implemented yet");
+              if (n == "float8" || n == "quantize.linear.float8") continue;  // checked with its table (check_float8)
               if (n == "mx" || n == "quantize.linear.mx")
                 return refused_v("\"" + n + "\": MX (mxfp8) training is not implemented yet");
               if (n == "quantize.grouped_mm.float8" || n == "quantize.grouped_mm.mx")
-                return refused_v("\"" + n + "\": quantized grouped GEMMs belong to Mixture-of-Experts models, which "
-                                 "are not implemented yet");
+                return refused_v("\"" + n + "\": quantized grouped GEMMs of Mixture-of-Experts layers are not "
+                                 "implemented yet");
               return refused_v("unknown converter \"" + n + "\" (TorchTitan's: quantize.linear.float8, "
                                "quantize.linear.mx, quantize.grouped_mm.float8, quantize.grouped_mm.mx)");
             }
@@ -242,7 +242,8 @@ Table build_table() {
          nullptr});
   t.list("converters", "[]", converters_rule());
   t.boolean("print_after_conversion", "false",
-            notice_if_true("no converter is applied here; `meshtrain model info` prints the model's shapes"));
+            notice_if_true("the model is not printed: the training log lists the linears float8 converts, and "
+                           "`meshtrain model info` prints the model's shapes"));
 
   t.in("optimizer");
   t.shared("name", "\"AdamW\"",
@@ -420,12 +421,35 @@ Table build_table() {
   t.in("quantize.linear.float8");
   // Not a v0.2.2 key (v0.2.2 switches float8 on through model.converters); decks written for
   // other TorchTitan versions say it, and the answer they need is "not implemented yet".
-  t.boolean("enable", "(not in v0.2.2)", refused_if_true("float8 training is not implemented yet"));
-  t.boolean("enable_fsdp_float8_all_gather", "false", notice(kFloat8));
-  t.boolean("precompute_float8_dynamic_scale_for_fsdp", "false", notice(kFloat8));
-  t.str("recipe_name", "None", notice(kFloat8), {"tensorwise", "rowwise", "rowwise_with_gw_hp"});
-  t.list("filter_fqns", "[]", notice(kFloat8));
-  t.boolean("emulate", "false", notice(kFloat8));
+  t.boolean("enable", "(not in v0.2.2)",
+            refused_if_true("this switch is not implemented yet: TorchTitan v0.2.2 turns float8 training on with "
+                            "[model] converters = [\"float8\"]"));
+  // The other keys apply only while model.converters names float8; check_float8
+  // (torchtitan_resolve.cpp) gives their notices and refusals, which depend on other keys.
+  t.boolean("enable_fsdp_float8_all_gather", "false",
+            {"with float8 on, no recipe_name (tensorwise): honoured (the emulation's values are an FP8 all-gather's: "
+             "each FSDP shard cast with the whole weight's amax gives the codes the gathered weight would get; the "
+             "cpu all-gather still moves float32 shards); true with recipe_name: refused (TorchTitan rejects the "
+             "pair); float8 off: notice",
+             nullptr});
+  t.boolean("precompute_float8_dynamic_scale_for_fsdp", "false",
+            {"with enable_fsdp_float8_all_gather: honoured (a scale computed after the optimizer step from the weights "
+             "the next forward casts is the scale that forward computes); without it: notice (TorchTitan ignores it); "
+             "float8 off: notice",
+             nullptr});
+  t.str("recipe_name", "None",
+        {"with float8 on: honoured (TorchAO's recipe; unset is TorchAO's default, tensorwise); float8 off: notice",
+         nullptr},
+        {"tensorwise", "rowwise", "rowwise_with_gw_hp"});
+  t.list("filter_fqns", "[]",
+         {"with float8 on: honoured (a linear whose module name contains an entry stays float32, as TorchTitan's "
+          "module_filter_fn); an output head left in float8 is refused (not implemented yet: add \"output\", as "
+          "TorchTitan's presets do); float8 off: notice",
+          nullptr});
+  t.boolean("emulate", "false",
+            {"with float8 on, device cpu: true honoured (quantize -> dequantize, float32 GEMMs: the cpu device's only "
+             "mode), false refused; float8 off: notice",
+             nullptr});
 
   t.in("quantize.linear.mx");
   t.str("mxfp8_dim1_cast_kernel_choice", "\"triton\"", notice(kMx), {"triton", "cuda", "torch"});

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "config/float8_config.hpp"
 #include "config/toml_value.hpp"
 #include "config/torchtitan_keys.hpp"
 
@@ -160,6 +161,48 @@ void check_validation_shape(Pass& p) {
   }
 }
 
+// Float8 training (model.converters = ["float8"]) and its [quantize.linear.float8] table: what
+// the cpu emulation honours, what it refuses, and notices for keys that do nothing
+// (TorchTitan's Float8LinearConverter and its checks, torchtitan/components/quantization/float8.py).
+void check_float8(Pass& p) {
+  const Float8Config f = float8_config(p.cfg());
+  const std::string t = "quantize.linear.float8.", conv = "model.converters";
+  if (!f.enabled) {
+    for (const char* k : {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
+                          "filter_fqns", "emulate"})
+      if (p.is_set(t + k))
+        p.add(t + k, {Outcome::kNotice,
+                      "applies only to float8 training, which [model] converters = [\"float8\"] turns on"});
+    return;
+  }
+  const std::string& device = p.cfg().training.device;
+  if (device != "cpu")
+    p.add(conv, {Outcome::kRefused, "\"float8\": float8 training on the " + device +
+                                        " device (FP8 GEMMs and cast kernels) is not implemented yet; device = "
+                                        "\"cpu\" emulates it ([quantize.linear.float8] emulate = true)"});
+  else if (!f.emulate)
+    p.add(p.is_set(t + "emulate") ? t + "emulate" : conv,
+          {Outcome::kRefused, "the cpu device has no FP8 GEMMs, so float8 training there is only an emulation "
+                              "(quantize -> dequantize, float32 GEMMs): set [quantize.linear.float8] emulate = true"});
+  if (float8_converts(f, "output", 16, 16))
+    p.add(p.is_set(t + "filter_fqns") ? t + "filter_fqns" : conv,
+          {Outcome::kRefused, "float8 for the output head is not implemented yet (TorchTitan converts the linear "
+                              "`output` unless filter_fqns names it): add \"output\" to [quantize.linear.float8] "
+                              "filter_fqns, as TorchTitan's presets do"});
+  if (p.cfg().parallelism.tensor_parallel_degree > 1)
+    p.add(conv, {Outcome::kRefused, "\"float8\": float8 training with tensor parallelism is not implemented yet "
+                                    "(tensor_parallel_degree = " +
+                                        std::to_string(p.cfg().parallelism.tensor_parallel_degree) + ")"});
+  if (f.fsdp_float8_all_gather && f.recipe_set)
+    p.add(t + "enable_fsdp_float8_all_gather",
+          {Outcome::kRefused, "together with recipe_name (\"" + f.recipe +
+                                  "\") is not supported, as in TorchTitan: the FP8 all-gather is the default "
+                                  "(tensorwise) recipe's; leave recipe_name unset"});
+  if (f.precompute_scale && !f.fsdp_float8_all_gather)
+    p.add(t + "precompute_float8_dynamic_scale_for_fsdp",
+          {Outcome::kNotice, "applies only with enable_fsdp_float8_all_gather = true (TorchTitan ignores it)"});
+}
+
 }  // namespace
 
 void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_keys) {
@@ -175,6 +218,7 @@ void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_k
   check_total_steps(p);
   check_export_dtype(p);
   check_validation_shape(p);
+  check_float8(p);
   p.finish();
 }
 

@@ -2,12 +2,15 @@
 /// @file Parameter: a named model weight with its gradient, initialization rule and sharding
 /// spec (DESIGN.md data flow step 5).
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 
 #include "tensor/tensor.hpp"
 
 namespace meshtrain {
+
+struct Float8LinearRecipe;  // tensor/float8.hpp
 
 /// How a parameter's initial values are drawn; each element is a pure function of
 /// (seed, parameter name, global flat index) — see model/init.hpp.
@@ -57,6 +60,10 @@ struct Parameter {
   bool weight_decay = true;  ///< false for norms and embeddings unless the deck says otherwise
   ShardingSpec sharding;
   int64_t flat_offset = 0;   ///< element offset in the flat buffers
+  /// Set on the weight [out, in] of a linear layer converted to Float8 training
+  /// (model/float8_linears.hpp): linear_forward / linear_backward cast the operands of its three
+  /// GEMMs per this recipe. Null: high precision.
+  std::shared_ptr<const Float8LinearRecipe> float8;
 
   /// What forward and backward read: `compute` under bf16 mixed precision, else `value`.
   const Tensor& compute_value() const { return compute.defined() ? compute : value; }

@@ -5,6 +5,8 @@
 #include <string>
 #include <utility>
 
+#include "model/layers/primitives.hpp"
+
 namespace meshtrain {
 
 namespace {
@@ -80,7 +82,7 @@ void WeightGradQueue::run(Device& dev) {
   for (const Term& t : terms_) {
     const Tensor& grad = t.param->grad;
     switch (t.kind) {
-      case Kind::kLinear: dev.matmul(t.a, true, t.b, false, grad, 1.0f, 1.0f); break;
+      case Kind::kLinear: linear_weight_grad(dev, t.a, t.b, *t.param); break;
       case Kind::kRmsNorm: dev.rmsnorm_backward_weight(t.a, t.b, t.c, grad); break;
       case Kind::kEmbedding: dev.embedding_backward(t.a, t.b, grad, t.vocab_start); break;
       case Kind::kGroupedLinear:

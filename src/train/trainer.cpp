@@ -25,6 +25,7 @@
 #include "metrics/step_profiler.hpp"
 #include "metrics/tensorboard_writer.hpp"
 #include "metrics/throughput.hpp"
+#include "model/float8_linears.hpp"
 #include "model/layers/embedding.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
@@ -49,6 +50,12 @@
 namespace meshtrain {
 
 namespace {
+
+// How MFU is counted under float8 training (TorchTitan reports none for its FP8 runs).
+const std::string kFloat8MfuConvention =
+    "MFU under float8 counts bf16-equivalent FLOPs: the model's FLOPs as for a bf16 run (FP8 GEMMs counted like "
+    "bf16 ones), over the device's bf16 peak (float32 on the cpu device), so tflops_per_rank is bf16-equivalent "
+    "TFLOPS and an FP8 run's MFU can pass what its bf16 peak allows.";
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -255,6 +262,14 @@ void Trainer::build_model() {
                                          compute_dtype_, &part, ep);
   model_->set_context_parallel(cp_);
   model_->set_moe_force_load_balance(cfg_.debug.moe_force_load_balance);
+  if (const Float8Config f8 = float8_config(cfg_); f8.enabled) {
+    const std::vector<std::string> converted = convert_float8_linears(*model_, f8);
+    if (rank0_)
+      log::info("float8: recipe " + f8.recipe + ", emulated (quantize -> dequantize, float32 GEMMs) in " +
+                std::to_string(converted.size()) + " linear layers of this rank's model" +
+                (converted.empty() ? "" : " (" + converted.front() + " ... " + converted.back() + ")") +
+                "; the output head, embedding and routed experts stay float32. " + kFloat8MfuConvention);
+  }
   if (sharded_) {
     ShardedOptions so;
     so.zero_stage = zero_stage_;
@@ -397,6 +412,9 @@ void Trainer::open_outputs() {
   }
   metrics_ = std::make_unique<MetricsWriter>((out_dir_ / "metrics.jsonl").string(), rank0_, /*append=*/resumed_.step > 0);
   if (!load_event_.is_null()) metrics_->write(load_event_);
+  if (const Float8Config f8 = float8_config(cfg_); f8.enabled)
+    metrics_->write({{"event", "float8"}, {"recipe", f8.recipe}, {"emulate", f8.emulate},
+                     {"mfu_flops", "bf16_equivalent"}, {"message", kFloat8MfuConvention}});
   // [profiling]: Chrome traces of the executor's units and the collectives, every profile_freq
   // steps; [metrics] enable_tensorboard: the log line's scalars as TensorBoard events.
   const ProfilingSection& pc = cfg_.profiling;

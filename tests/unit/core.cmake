@@ -22,6 +22,7 @@ foreach(chunk 0 256)
     ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endforeach()
 meshtrain_test(test_float8 SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_float8.cpp LIBS meshtrain_tensor)
+meshtrain_test(test_float8_linear SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_float8_linear.cpp LIBS meshtrain_model)
 # Float8 emulation (tensor/float8.hpp) against an independent NumPy emulation
 # (validation/check_float8.py): rounding of both formats and the six scaled casts, bit for bit.
 add_executable(dump_float8 ${CMAKE_CURRENT_SOURCE_DIR}/dump_float8.cpp)
@@ -31,3 +32,12 @@ add_test(NAME validation_numpy_float8
   COMMAND ${MESHTRAIN_PYTHON} ${PROJECT_SOURCE_DIR}/validation/check_float8.py --dump $<TARGET_FILE:dump_float8>
     --out ${PROJECT_BINARY_DIR}/tests/float8)
 set_tests_properties(validation_numpy_float8 PROPERTIES TIMEOUT 120 LABELS validation)
+# A Float8 linear layer's forward and two gradient GEMMs (model/layers/primitives.cpp, the CPU
+# device's casts) under each TorchAO recipe against NumPy (validation/check_float8_linear.py).
+add_executable(dump_float8_linear ${CMAKE_CURRENT_SOURCE_DIR}/dump_float8_linear.cpp)
+target_link_libraries(dump_float8_linear PRIVATE meshtrain_model)
+set_target_properties(dump_float8_linear PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+add_test(NAME validation_numpy_float8_linear
+  COMMAND ${MESHTRAIN_PYTHON} ${PROJECT_SOURCE_DIR}/validation/check_float8_linear.py
+    --dump $<TARGET_FILE:dump_float8_linear> --out ${PROJECT_BINARY_DIR}/tests/float8_linear)
+set_tests_properties(validation_numpy_float8_linear PROPERTIES TIMEOUT 120 LABELS validation)

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "config/float8_config.hpp"
 #include "config/option_registry.hpp"
 #include "config/torchtitan_compat.hpp"
 #include "config/torchtitan_keys.hpp"
@@ -133,9 +134,8 @@ BOOST_AUTO_TEST_CASE(header_and_key_errors_in_dotted_tables) {
 
 BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"[model]\nconverters = [\"float8\"]", "[model] converters: \"float8\": float8 training is not implemented yet"},
       {"[model]\nconverters = [\"quantize.linear.mx\"]", "MX (mxfp8) training is not implemented yet"},
-      {"[quantize.linear.float8]\nenable = true", "[quantize.linear.float8] enable: float8 training is not implemented yet"},
+      {"[quantize.linear.float8]\nenable = true", "[quantize.linear.float8] enable: this switch is not implemented yet"},
       {"[parallelism]\nenable_async_tensor_parallel = true", "asynchronous tensor parallelism is not implemented yet"},
       {"[fault_tolerance]\nenable = true", "[fault_tolerance] enable: fault-tolerant training (torchft) is not implemented yet"},
       {"[memory_estimation]\nenable = true", "[memory_estimation] enable: memory estimation is not implemented yet"},
@@ -163,6 +163,56 @@ BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
   }
   BOOST_TEST(has(refusal_of(kBase, {"--metrics.enable_wandb"}),
                  "command line: [metrics] enable_wandb: Weights & Biases logging is not implemented yet"));
+}
+
+// Float8 training: model.converters = ["float8"] with its [quantize.linear.float8] table, as the
+// cpu device's emulation honours it (config/float8_config.hpp, check_float8).
+BOOST_AUTO_TEST_CASE(float8_converter_and_its_table) {
+  const std::string f8 = std::string(kTt) + "[model]\nconverters = [\"float8\"]\n";  // converters on line 14
+  const std::string ok = f8 + "[quantize.linear.float8]\nrecipe_name = \"rowwise\"\nfilter_fqns = [\"output\"]\n"
+                              "emulate = true\n";
+  const JobConfig c = load(ok);
+  BOOST_TEST(c.refusals.empty());
+  BOOST_TEST(c.notices.empty());
+  const Float8Config f = float8_config(c);
+  BOOST_TEST(f.enabled);
+  BOOST_TEST(f.recipe == "rowwise");
+  BOOST_TEST(f.emulate);
+  BOOST_TEST(f.filter_fqns == std::vector<std::string>{"output"});
+  BOOST_TEST(float8_config(load(kTt)).enabled == false);
+  BOOST_TEST(float8_config(load(f8)).recipe == "tensorwise");  // TorchTitan's None: TorchAO's default
+  // TorchTitan's module filter: substring match, and both dims multiples of 16.
+  BOOST_TEST(!float8_converts(f, "output", 2048, 256));
+  BOOST_TEST(!float8_converts(f, "layers.0.attention.wq", 256, 8));
+  BOOST_TEST(float8_converts(f, "layers.0.attention.wq", 256, 256));
+  // The cpu device only emulates; the output head stays float32; cuda and tp are not implemented yet.
+  BOOST_TEST(has(refusal_of(f8 + "[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n"),
+                 ".toml:14: [model] converters: the cpu device has no FP8 GEMMs, so float8 training there is only an "
+                 "emulation"));
+  BOOST_TEST(has(refusal_of(ok, {"--quantize.linear.float8.emulate=false"}),
+                 "command line: [quantize.linear.float8] emulate: the cpu device has no FP8 GEMMs"));
+  BOOST_TEST(has(refusal_of(ok, {"--quantize.linear.float8.filter_fqns=layers.0"}),
+                 "[quantize.linear.float8] filter_fqns: float8 for the output head is not implemented yet"));
+  BOOST_TEST(has(refusal_of(ok, {"--training.device=cuda"}),
+                 "[model] converters: \"float8\": float8 training on the cuda device (FP8 GEMMs and cast kernels) is not "
+                 "implemented yet"));
+  BOOST_TEST(has(error_of(ok, {"--parallelism.tensor_parallel_degree=2"}, 2),
+                 "float8 training with tensor parallelism is not implemented yet (tensor_parallel_degree = 2)"));
+  // TorchTitan's own rule: the FP8 all-gather only with the default (tensorwise) recipe.
+  BOOST_TEST(has(refusal_of(ok, {"--quantize.linear.float8.enable_fsdp_float8_all_gather=true"}),
+                 "[quantize.linear.float8] enable_fsdp_float8_all_gather: together with recipe_name (\"rowwise\") is not "
+                 "supported"));
+  const JobConfig ag = load(f8 + "[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n"
+                                 "precompute_float8_dynamic_scale_for_fsdp = true\nfilter_fqns = [\"output\"]\n"
+                                 "emulate = true\n");
+  BOOST_TEST(ag.refusals.empty());
+  BOOST_TEST(ag.notices.empty());
+  BOOST_TEST(has(notice_of(load(ok, {"--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp=true"}),
+                           "[quantize.linear.float8] precompute_float8_dynamic_scale_for_fsdp"),
+                 "applies only with enable_fsdp_float8_all_gather = true"));
+  // Float8 off: the table's keys are notices.
+  BOOST_TEST(has(notice_of(load(ok, {"--model.converters="}), "[quantize.linear.float8] emulate"),
+                 "applies only to float8 training, which [model] converters = [\"float8\"] turns on"));
 }
 
 BOOST_AUTO_TEST_CASE(refused_values_explain_what_cannot_mean_anything_here) {
@@ -324,6 +374,10 @@ BOOST_AUTO_TEST_CASE(every_key_at_its_torchtitan_default_resolves) {
                           Outcome::kNotice)
       expect_notice.insert(key_label(name));
   }
+  // The [quantize.linear.float8] keys, set while model.converters is off, are notices (check_float8).
+  for (const char* k : {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp", "filter_fqns",
+                        "emulate"})
+    expect_notice.insert("[quantize.linear.float8] " + std::string(k) + ": ");
   const JobConfig c = load(deck, {"--training.dataset_path=tiny.h5", "--training.device=cuda"});
   BOOST_TEST(c.refusals.empty(), (c.refusals.empty() ? "" : c.refusals.front()));
   BOOST_TEST(c.validate(8).dp_shard == 8);
@@ -354,7 +408,12 @@ BOOST_AUTO_TEST_CASE(every_torchtitan_key_has_one_outcome) {
       // A TorchTitan-only key's outcome is coded: a verdict, or a rule between keys (torchtitan_resolve.cpp).
       static const std::set<std::string> cross = {"model.tokenizer_path",     "lr_scheduler.total_steps",
                                                   "training.dataset_path",    "checkpoint.export_dtype",
-                                                  "validation.local_batch_size", "validation.seq_len", "debug.seed"};
+                                                  "validation.local_batch_size", "validation.seq_len", "debug.seed",
+                                                  "quantize.linear.float8.enable_fsdp_float8_all_gather",
+                                                  "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+                                                  "quantize.linear.float8.recipe_name",
+                                                  "quantize.linear.float8.filter_fqns",
+                                                  "quantize.linear.float8.emulate"};
       if (o->torchtitan_only) BOOST_TEST((o->verdict != nullptr) != (cross.count(name) == 1));
     }
   }

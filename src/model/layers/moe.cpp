@@ -103,7 +103,7 @@ Tensor MoE::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x) {
 
   // 1. Router, in f32 whatever the activation dtype.
   Tensor logits = dev.empty({n, e_}, DType::kF32, MemCategory::kActivations);
-  dev.matmul(x, false, gate.compute_value(), true, logits, 1.0f, 0.0f);
+  linear_forward_into(dev, x, gate, logits);
   if (bias_stale_) {
     if (!bias_dev_.defined()) bias_dev_ = dev.empty({e_}, DType::kF32, MemCategory::kParameters);
     dev.upload(bias_dev_, bias_.data(), bias_.size() * sizeof(float));

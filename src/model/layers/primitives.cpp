@@ -3,14 +3,38 @@
 #include <stdexcept>
 
 #include "model/weight_grad_queue.hpp"
+#include "tensor/float8.hpp"
 
 namespace meshtrain {
 
-Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat) {
+namespace {
+// An operand of a Float8 GEMM: its cast into a temporary, or the tensor itself in high
+// precision (no recipe, or the recipe leaves this operand unquantized).
+Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast) {
+  if (!w.float8 || !((*w.float8).*cast).quantize) return t;
+  Tensor q = dev.empty(t.shape(), t.dtype(), MemCategory::kActivations);
+  dev.float8_cast(t, (*w.float8).*cast, w.float8->power_of_two, q);
+  return q;
+}
+}  // namespace
+
+void linear_forward_into(Device& dev, const Tensor& x, const Parameter& w, const Tensor& y) {
   const Tensor& wc = w.compute_value();
-  Tensor y = dev.empty({x.dim(0), wc.dim(0)}, x.dtype(), cat);
-  dev.matmul(x, false, wc, true, y, 1.0f, 0.0f);
+  using R = Float8LinearRecipe;
+  dev.matmul(float8_operand(dev, x, w, &R::output_x), false, float8_operand(dev, wc, w, &R::output_w), true, y, 1.0f,
+             0.0f);
+}
+
+Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat) {
+  Tensor y = dev.empty({x.dim(0), w.compute_value().dim(0)}, x.dtype(), cat);
+  linear_forward_into(dev, x, w, y);
   return y;
+}
+
+void linear_weight_grad(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w) {
+  using R = Float8LinearRecipe;
+  dev.matmul(float8_operand(dev, dy, w, &R::grad_weight_dy), true, float8_operand(dev, x, w, &R::grad_weight_x), false,
+             w.grad, 1.0f, 1.0f);
 }
 
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
@@ -20,13 +44,15 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
   if (ctx.defer_weight_grads)
     ctx.defer_weight_grads->linear(dy, x, w);
   else
-    dev.matmul(dy, true, x, false, w.grad, 1.0f, 1.0f);
+    linear_weight_grad(dev, dy, x, w);
+  using R = Float8LinearRecipe;
+  const Tensor dyq = float8_operand(dev, dy, w, &R::grad_input_dy), wq = float8_operand(dev, wc, w, &R::grad_input_w);
   if (accumulate_dx) {
-    dev.matmul(dy, false, wc, false, *accumulate_dx, 1.0f, 1.0f);
+    dev.matmul(dyq, false, wq, false, *accumulate_dx, 1.0f, 1.0f);
     return *accumulate_dx;
   }
   Tensor dx = dev.empty({dy.dim(0), wc.dim(1)}, dy.dtype(), MemCategory::kActivations);
-  dev.matmul(dy, false, wc, false, dx, 1.0f, 0.0f);
+  dev.matmul(dyq, false, wq, false, dx, 1.0f, 0.0f);
   return dx;
 }
 

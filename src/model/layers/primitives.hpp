@@ -7,12 +7,20 @@
 
 namespace meshtrain {
 
-/// y [N, out] = x [N, in] · Wᵀ, W [out, in].
+/// y [N, out] = x [N, in] · Wᵀ, W [out, in]. Under Float8 training (w.float8 set) every GEMM of
+/// these linear functions reads its operands through the recipe's casts (Device::float8_cast:
+/// quantize → dequantize to e4m3 / e5m2 with dynamic scales, TorchAO's Float8Linear) and
+/// accumulates in f32; x, dy and the master weight themselves stay as they are.
 Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat = MemCategory::kActivations);
+/// y [N, out] = x [N, in] · Wᵀ into a given y (f32 router logits from activation-dtype x).
+void linear_forward_into(Device& dev, const Tensor& x, const Parameter& w, const Tensor& y);
 /// dx [N, in] = dy · W (or, when accumulate_dx is given, dx += dy · W); dW += dyᵀ · x, or that
 /// term deferred. dy [N, out], x [N, in] (the forward's input), W [out, in].
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
                        const Tensor* accumulate_dx = nullptr);
+/// w.grad [out, in] += dyᵀ · x: linear_backward's weight term, also run by the split backward's
+/// WeightGradQueue. dy [N, out], x [N, in].
+void linear_weight_grad(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w);
 
 /// tp_exit (model/tensor_parallel.hpp) of a block's row-parallel output under per-operator
 /// checkpointing: a reduce-scatter's output (sequence parallelism) is kept (SacOp::kCollective),
