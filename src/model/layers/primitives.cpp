@@ -8,11 +8,12 @@
 namespace meshtrain {
 
 namespace {
-// An operand of a Float8 GEMM: its cast into a temporary, or the tensor itself in high
-// precision (no recipe, or the recipe leaves this operand unquantized).
+// An operand of a Float8 GEMM: its cast into a temporary (freed after the GEMM; backward casts
+// again from the saved high-precision tensors, as TorchAO's rowwise recipes do), or the tensor
+// itself in high precision (no recipe, or the recipe leaves this operand unquantized).
 Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast) {
   if (!w.float8 || !((*w.float8).*cast).quantize) return t;
-  Tensor q = dev.empty(t.shape(), t.dtype(), MemCategory::kActivations);
+  Tensor q = dev.empty(t.shape(), t.dtype(), MemCategory::kTemporaries);
   dev.float8_cast(t, (*w.float8).*cast, w.float8->power_of_two, q);
   return q;
 }
