@@ -6,7 +6,7 @@ set -euo pipefail
 set_name=${1:-build}
 build_pkgs=(g++ cmake make pkg-config libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
   libboost-program-options-dev libboost-test-dev libopenblas-dev libsentencepiece-dev
-  nlohmann-json3-dev libspdlog-dev libxxhash-dev libpcre2-dev libutf8proc-dev zlib1g-dev)
+  nlohmann-json3-dev libspdlog-dev libxxhash-dev libpcre2-dev libutf8proc-dev zlib1g-dev libjemalloc-dev)
 test_pkgs=(npm python3-torch python3-h5py python3-numpy python3-matplotlib protobuf-compiler python3-protobuf python3-crc32c slurm-wlm munge)
 run_pkgs=(npm)
 case "$set_name" in
