@@ -443,8 +443,8 @@ Table build_table() {
         {"tensorwise", "rowwise", "rowwise_with_gw_hp"});
   t.list("filter_fqns", "[]",
          {"with float8 on: honoured (a linear whose module name contains an entry stays float32, as TorchTitan's "
-          "module_filter_fn); an output head left in float8 is refused (not implemented yet: add \"output\", as "
-          "TorchTitan's presets do); float8 off: notice",
+          "module_filter_fn); an output head left in float8 and \"auto_filter_small_kn\" are refused (not implemented "
+          "yet: add \"output\", as TorchTitan's presets do); float8 off: notice",
           nullptr});
   t.boolean("emulate", "false",
             {"with float8 on, device cpu: true honoured (quantize -> dequantize, float32 GEMMs: the cpu device's only "

@@ -189,6 +189,10 @@ void check_float8(Pass& p) {
           {Outcome::kRefused, "float8 for the output head is not implemented yet (TorchTitan converts the linear "
                               "`output` unless filter_fqns names it): add \"output\" to [quantize.linear.float8] "
                               "filter_fqns, as TorchTitan's presets do"});
+  // TorchTitan's flag for TorchAO's size-based filter (_auto_filter_for_recipe), not a module name.
+  if (std::find(f.filter_fqns.begin(), f.filter_fqns.end(), "auto_filter_small_kn") != f.filter_fqns.end())
+    p.add(t + "filter_fqns", {Outcome::kRefused, "\"auto_filter_small_kn\" (TorchAO's filter of linears too small to "
+                                                 "gain from float8) is not implemented yet; name the modules to skip"});
   if (p.cfg().parallelism.tensor_parallel_degree > 1)
     p.add(conv, {Outcome::kRefused, "\"float8\": float8 training with tensor parallelism is not implemented yet "
                                     "(tensor_parallel_degree = " +
