@@ -13,6 +13,7 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 #include "comm/mpi/mpi_communicator.hpp"
 #include "mpi/mpi_fixture.hpp"
+#include "optim/adamw.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
 #include "tiny_model.hpp"
 #include "util/errors.hpp"
