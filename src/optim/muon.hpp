@@ -49,7 +49,7 @@ class Muon final : public Optimizer {
   /// allocates zeroed momentum (f32, kOptimizer) and the AdamW state, and plans the matrix
   /// exchange (collective-free: every rank derives the same plan from the shapes).
   /// @throws std::invalid_argument for a shard that is not the dim-0 rows its group implies,
-  /// or a tp layout Muon cannot orthogonalize; ConfigError-free (the deck was validated).
+  /// or a tp layout Muon cannot orthogonalize (the deck's keys were range-checked by its validation).
   Muon(const std::vector<LocalShard>& shards, Device& dev, const OptimizerSection& cfg, MuonComms comms);
   ~Muon() override;
   const std::string& name() const override;

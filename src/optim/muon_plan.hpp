@@ -17,8 +17,10 @@
 /// efsdp) stays with that rank, so it moves nothing in steps 1 and 4. Ranks holding the same
 /// replica (dp_replicate) repeat the same work, which keeps replicas bitwise identical.
 /// Every rank computes the whole plan from shapes alone (no communication), identically.
-/// Per rank and step the bytes sent are those of the AdamW-free all-to-alls: in step 1 its rows
-/// of matrices owned elsewhere, the same again in step 4 (f32), plus the tp slabs.
+/// Per rank and step the bytes sent (f32, 4 bytes per element) are: in step 1 its rows of the
+/// matrices owned elsewhere; in step 4 the results for the other ranks' rows of the matrices it
+/// owns; over tp the slabs (a tp-replicated matrix whole, back only). perf/comm_volume.py checks
+/// the exact formula against the counters.
 #include <cstdint>
 #include <vector>
 
