@@ -4,7 +4,7 @@
 # PyTorch and transformers, no network), sized so that one window (15 minutes of device time,
 # 1-2 of them to start the machine, at most 10 minutes per command) runs them all as two
 # commands issued back to back:
-#   first   (BUDGET_S 470, under the 8-minute mark)
+#   first   (BUDGET_S 300, under the 5-minute mark; the CPU curves made beforehand, cpu-refs)
 #     env        nvidia-smi, nvcc, the Python packages used below, compute-sanitizer
 #     unit       the gpu-labelled test programs: kernels, matmul, attention, document-masked
 #                attention, MoE, Muon, then test_cuda_train_step (a whole training step against the CPU backend)
@@ -13,10 +13,10 @@
 #                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
 #     sanitizer  compute-sanitizer memcheck, only over the kernel test programs that failed
 #                above and only their failed test cases (nothing to do when all passed)
-#   second  (BUDGET_S 230, under the 4-minute mark)
+#   second  (BUDGET_S 290, under the 5-minute mark)
 #     export     `meshtrain ckpt export` loaded by transformers (validation/
 #                check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
-#     bench      perf/gpu_step_bench.py at local batch 4 (no batch search, no nsys)
+#     bench      perf/gpu_step_bench.py at local batch 4 (no batch search, no nsys; 210 s)
 # Each step runs under its own time limit, cut to what is left of BUDGET_S; a step that no longer
 # fits is reported NOT RUN, so a command never outlasts its slot. Every step writes a log; the
 # logs come back as one tarball, logs.tar.gz, beside summary.txt (and gpu_bench.json).
@@ -30,6 +30,10 @@
 # On the GPU machine, from the repository root:
 #   OUT=/some/dir DATA=tiny.h5 scripts/gpu-session.sh build-gpu/meshtrain-bundle-*.tar.gz first
 #   OUT=/some/dir DATA=tiny.h5 scripts/gpu-session.sh build-gpu/meshtrain-bundle-*.tar.gz second
+# Before the window, on any machine (no GPU needed), the CPU reference curves:
+#   OUT=build/gpu-ref DATA=tiny.h5 scripts/gpu-session.sh BUNDLE cpu-refs
+# and carry that folder: with CPU_REF=build/gpu-ref the curves step runs only the GPU side
+# (the CPU runs are the slowest part of the step on the GPU machine's 16 cores).
 # Step names after the command limit it to those steps (a rerun after a fix). DATA: the
 # equivalence tests' token corpus (build/tests/equivalence/tiny.h5), else made here (perl).
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 on a usage error.
@@ -38,11 +42,12 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tarball=${1:-}
 command=${2:-}
-usage() { echo "usage: OUT=DIR [DATA=tiny.h5] $0 BUNDLE.tar.gz first|second [STEP...]" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR [DATA=tiny.h5] [CPU_REF=DIR] $0 BUNDLE.tar.gz first|second|cpu-refs [STEP...]" >&2; exit 2; }
 [ -n "$tarball" ] && [ -f "$tarball" ] || usage
 case "$command" in
-  first) all_steps=(env unit nccl curves sanitizer); default_budget=470 ;;
-  second) all_steps=(export bench); default_budget=230 ;;
+  first) all_steps=(env unit nccl curves sanitizer); default_budget=300 ;;
+  second) all_steps=(export bench); default_budget=290 ;;
+  cpu-refs) all_steps=(refs); default_budget=3000 ;;
   *) usage ;;
 esac
 shift 2
@@ -134,21 +139,40 @@ if wanted nccl; then
   run_step test_cuda_comm 90 mpirun -np 2 "$B/bin/test_cuda_comm" --log_level=test_suite --report_level=short
 fi
 
-if wanted curves; then
-  printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
-  chmod +x "$work/mpirun"
-  curve() {  # curve NAME DECK NP [OVERRIDES...]: 100 bf16 steps on the GPU against the CPU
-    local name=$1 deck=$2 np=$3
-    shift 3
-    run_step "curve_$name" 120 python3 "$root/tests/gpu/loss_curve.py" --meshtrain "$B/bin/meshtrain" \
-      --deck "$root/inputs/$deck.toml" --data "$data" --out "$work/curve_$name" --steps 100 \
-      --precision bfloat16 --np "$np" --mpirun "$work/mpirun" -- "$@"
-  }
-  curve llama3_debug llama3_debug 1
-  curve qwen3_debug qwen3_debug 1
-  curve llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
+# Every loss curve of the kit: FN NAME DECK NP [OVERRIDES...] for each.
+curves_each() {
+  "$1" llama3_debug llama3_debug 1
+  "$1" qwen3_debug qwen3_debug 1
+  "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
     --model.n_dense_layers=1
+}
+printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
+chmod +x "$work/mpirun"
+curve_args() {  # the loss_curve.py arguments of curve NAME DECK NP
+  echo --meshtrain "$B/bin/meshtrain" --deck "$root/inputs/$2.toml" --data "$data" --out "$work/curve_$1" \
+    --steps 100 --precision bfloat16 --np "$3" --mpirun "$work/mpirun"
+}
+
+if wanted curves; then
+  curve() {  # curve NAME DECK NP [OVERRIDES...]: 100 bf16 steps on the GPU against the CPU
+    local name=$1 ref=()
+    # The CPU curve made before the window (command cpu-refs), when there is one for this curve.
+    [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$name.jsonl" ] && ref=(--cpu-metrics "$CPU_REF/$name.jsonl")
+    # shellcheck disable=SC2046
+    run_step "curve_$name" 120 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") "${ref[@]}" \
+      -- "${@:4}"
+  }
+  curves_each curve
+fi
+
+if wanted refs; then
+  ref_curve() {  # ref_curve NAME DECK NP [OVERRIDES...]: the CPU curve only, saved as OUT/NAME.jsonl
+    # shellcheck disable=SC2046
+    run_step "ref_$1" 900 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
+      --write-cpu-metrics "$out/$1.jsonl" -- "${@:4}"
+  }
+  curves_each ref_curve
 fi
 
 if wanted sanitizer; then
@@ -172,8 +196,9 @@ if wanted export; then
 fi
 
 if wanted bench; then
-  run_step bench 150 python3 "$root/perf/gpu_step_bench.py" --build "$B" --no-nsys --batch 4 --steps 12 --warmup 4 \
-    --trial-timeout 60 --out "$work/gpu_bench.json"
+  # torch.compile's first compilation of the 16-layer model takes most of a minute.
+  run_step bench 210 python3 "$root/perf/gpu_step_bench.py" --build "$B" --no-nsys --batch 4 --steps 12 --warmup 4 \
+    --trial-timeout 100 --out "$work/gpu_bench.json"
   [ -f "$work/gpu_bench.json" ] && cp "$work/gpu_bench.json" "$out/gpu_bench.json"
 fi
 

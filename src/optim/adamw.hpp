@@ -17,6 +17,8 @@ class AdamW final : public Optimizer {
   /// Weight decay (cfg.weight_decay) applies to matrices; norms and embeddings are exempt
   /// unless decay_embeddings_and_norms.
   AdamW(const std::vector<LocalShard>& shards, Device& dev, const OptimizerSection& cfg);
+  /// The optimizer keeps a reference to `shards`: a temporary would dangle, so it does not compile.
+  AdamW(std::vector<LocalShard>&& shards, Device& dev, const OptimizerSection& cfg) = delete;
   const std::string& name() const override;
   /// One update with learning rate `lr` (already scheduled); increments the step count t.
   void step(float lr) override;

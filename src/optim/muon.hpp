@@ -51,6 +51,8 @@ class Muon final : public Optimizer {
   /// @throws std::invalid_argument for a shard that is not the dim-0 rows its group implies,
   /// or a tp layout Muon cannot orthogonalize (the deck's keys were range-checked by its validation).
   Muon(const std::vector<LocalShard>& shards, Device& dev, const OptimizerSection& cfg, MuonComms comms);
+  /// The optimizer keeps a reference to `shards`: a temporary would dangle, so it does not compile.
+  Muon(std::vector<LocalShard>&& shards, Device& dev, const OptimizerSection& cfg, MuonComms comms) = delete;
   ~Muon() override;
   const std::string& name() const override;
   /// One Muon + AdamW update at the scheduled `lr` (see the file comment). Collective over the

@@ -5,9 +5,15 @@
 CUDA backend or no GPU is visible, which it learns from meshtrain itself (a 1-step probe run).
 
 Usage: loss_curve.py --meshtrain BIN --deck DECK --data TOKENS.h5 --out DIR [--steps 200]
-       [--precision bfloat16|float32] [--tol 0.02] [--np N --mpirun MPIRUN] [-- extra overrides]
+       [--precision bfloat16|float32] [--tol 0.02] [--np N --mpirun MPIRUN]
+       [--cpu-metrics METRICS.jsonl | --write-cpu-metrics METRICS.jsonl] [-- extra overrides]
 With --np N both runs use N ranks under mpirun (on one GPU the ranks share it and collectives
 go through host-staged MPI), so FSDP and TP run their GPU code paths.
+--cpu-metrics takes the CPU curve from an earlier run of the same deck, data, steps and
+overrides (its metrics.jsonl) instead of running it here: a GPU window then spends its minutes
+on the GPU run only; --write-cpu-metrics runs only the CPU curve and saves it there (no GPU
+needed: make the references before the window). Each phase prints a line as it ends, so a run stopped at a time limit
+still shows how far it got.
 """
 import argparse
 import json
@@ -15,8 +21,13 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 SKIP = 77
+
+
+def say(msg):
+    print(msg, flush=True)
 
 
 def run(a, out, device, precision, steps):
@@ -54,9 +65,23 @@ def main():
     ap.add_argument("--tol", type=float, default=0.02)
     ap.add_argument("--np", type=int, default=1)
     ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--cpu-metrics", help="metrics.jsonl of the CPU reference run (skips running it)")
+    ap.add_argument("--write-cpu-metrics", help="run only the CPU curve and copy its metrics.jsonl here")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
 
+    if a.write_cpu_metrics:
+        t0 = time.monotonic()
+        p, metrics = run(a, os.path.join(a.out, "cpu"), "cpu", "float32", a.steps)
+        if p.returncode != 0:
+            print(p.stdout + p.stderr)
+            print(f"FAIL: the cpu run exited with status {p.returncode}")
+            return 1
+        shutil.copyfile(metrics, a.write_cpu_metrics)
+        say(f"cpu: {a.steps} steps ran ({time.monotonic() - t0:.1f} s), curve saved to {a.write_cpu_metrics}")
+        return 0
+
+    t0 = time.monotonic()
     probe, _ = run(a, os.path.join(a.out, "probe"), "cuda", a.precision, 1)
     if probe.returncode != 0:
         msg = probe.stderr + probe.stdout
@@ -66,15 +91,22 @@ def main():
         print(msg)
         print("FAIL: the 1-step GPU probe run failed")
         return 1
+    say(f"probe: 1 GPU step ran ({time.monotonic() - t0:.1f} s)")
 
     results = {}
-    for device, precision in (("cpu", "float32"), ("cuda", a.precision)):
+    if a.cpu_metrics:
+        results["cpu"] = curve(a.cpu_metrics)
+        say(f"cpu: reference curve read from {a.cpu_metrics} ({len(results['cpu'][0])} logged steps)")
+    runs = (("cuda", a.precision),) if a.cpu_metrics else (("cpu", "float32"), ("cuda", a.precision))
+    for device, precision in runs:
+        t0 = time.monotonic()
         p, metrics = run(a, os.path.join(a.out, device), device, precision, a.steps)
         if p.returncode != 0:
             print(p.stdout + p.stderr)
             print(f"FAIL: the {device} run exited with status {p.returncode}")
             return 1
         results[device] = curve(metrics)
+        say(f"{device}: {a.steps} steps ran ({time.monotonic() - t0:.1f} s)")
 
     (cpu, cpu_val), (gpu, gpu_val) = results["cpu"], results["cuda"]
     worst, failures = 0.0, []

@@ -56,7 +56,8 @@ StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std
   OptimizerSection oc;
   oc.lr = kLr;
   oc.weight_decay = 0.1;
-  AdamW opt(replicated_shards(model), dev, oc);
+  const std::vector<LocalShard> shards = replicated_shards(model);  // AdamW keeps a reference
+  AdamW opt(shards, dev, oc);
   opt.step(float(kLr));
   model.params_changed();
   for (Parameter* p : model.parameters()) r.values.push_back(host_values(dev, p->value));

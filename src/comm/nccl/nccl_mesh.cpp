@@ -65,6 +65,12 @@ NcclMesh::NcclMesh(MPI_Comm world, const RankLayout& layout, double timeout_s) :
     // The same colors and keys as the MPI communicators, so both sides agree on every group.
     check(ncclCommSplit(world_, int(layout.color(dim, rank)), int(layout.key(dim, rank)), &comms_[size_t(d)], &cfg),
           "ncclCommSplit", mesh_dim_name(dim));
+    // A non-blocking split runs as a job of the parent: NCCL writes the child's handle only
+    // when the job completes (NULL until then), so the parent is polled, then the child.
+    wait_ready(world_, "ncclCommSplit", mesh_dim_name(dim));
+    if (comms_[size_t(d)] == nullptr)
+      throw CommError(std::string("ncclCommSplit on dimension '") + mesh_dim_name(dim) +
+                      "' completed without a communicator");
     wait_ready(comms_[size_t(d)], "ncclCommSplit", mesh_dim_name(dim));
   }
 }
