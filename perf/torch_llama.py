@@ -120,7 +120,7 @@ def main():
     if cuda:
         if not torch.cuda.is_available():
             finish("error", error="torch.cuda.is_available() is False (no GPU, or a CPU-only PyTorch build)")
-        torch.cuda.set_device(torch.device(a.device))
+        torch.cuda.set_device(torch.device(a.device if ":" in a.device else a.device + ":0"))
         res["device_name"] = torch.cuda.get_device_name()
     else:
         res["device_name"] = platform.processor() or platform.machine()

@@ -17,6 +17,8 @@
 #     export     `meshtrain ckpt export` loaded by transformers (validation/
 #                check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
 #     bench      perf/gpu_step_bench.py at local batch 4 (no batch search, no nsys; 210 s)
+#     kernels    GPU time by kernel of one training step of the bench's deck, from ncu
+#                (perf/ncu_kernel_table.py; 150 s; kernels.json)
 # Each step runs under its own time limit, cut to what is left of BUDGET_S; a step that no longer
 # fits is reported NOT RUN, so a command never outlasts its slot. Every step writes a log; the
 # logs come back as one tarball, logs.tar.gz, beside summary.txt (and gpu_bench.json).
@@ -46,7 +48,7 @@ usage() { echo "usage: OUT=DIR [DATA=tiny.h5] [CPU_REF=DIR] $0 BUNDLE.tar.gz fir
 [ -n "$tarball" ] && [ -f "$tarball" ] || usage
 case "$command" in
   first) all_steps=(env unit nccl curves sanitizer); default_budget=300 ;;
-  second) all_steps=(export bench); default_budget=290 ;;
+  second) all_steps=(export bench kernels); default_budget=290 ;;
   cpu-refs) all_steps=(refs); default_budget=3000 ;;
   *) usage ;;
 esac
@@ -200,6 +202,24 @@ if wanted bench; then
   run_step bench 210 python3 "$root/perf/gpu_step_bench.py" --build "$B" --no-nsys --batch 4 --steps 12 --warmup 4 \
     --trial-timeout 100 --out "$work/gpu_bench.json"
   [ -f "$work/gpu_bench.json" ] && cp "$work/gpu_bench.json" "$out/gpu_bench.json"
+fi
+
+if wanted kernels; then
+  # GPU time by kernel of one training step of the benchmark's deck (written by the bench step),
+  # from ncu (the machines have no usable nsys): 2 steps at local batch 4, the last one kept.
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+  bench_deck="$root/perf/out/gpu_bench/deck.toml"
+  if [ -z "$ncu_bin" ] || [ ! -f "$bench_deck" ]; then
+    note "SKIP  kernels  (needs ncu and the bench step's deck, $bench_deck)"
+  else
+    run_step kernels 150 bash -c '"$1" --csv --print-units base --clock-control none --cache-control none \
+      --print-kernel-base function --target-processes all --metrics gpu__time_duration.sum --log-file "$2/ncu.csv" \
+      meshtrain train --deck "$3" --training.local_batch_size=4 --training.global_batch_size=4 --training.steps=2 \
+      --job.dump_folder="$2/ncu_dump" --job.final_dump=false &&
+      python3 "$4/perf/ncu_kernel_table.py" --csv "$2/ncu.csv" --last-step --json "$5/kernels.json"' \
+      _ "$ncu_bin" "$work" "$bench_deck" "$root" "$out"
+    cat "$logs/kernels.log" | tail -n 30 >> "$summary"
+  fi
 fi
 
 tar -C "$work" -czf "$out/logs.tar.gz" logs

@@ -5,9 +5,12 @@
 // to 1e-5 one by one; a step chains ~100 of them). bfloat16 mixed precision (bf16 activations and
 // weight copies, f32 masters, f32 gradients) must give the loss to 1e-2 relative and gradients
 // to 5e-2 normwise: each bf16 rounding is 2^-9 relative and a step rounds ~50 times in series.
-// Updated parameters are compared in absolute terms: Adam's first step moves each element by
-// about lr·sign(g), so an element whose tiny gradient changes sign under rounding moves by 2·lr
-// the other way; fp32 must stay within 2% of lr, bf16 within 2·lr (only such sign flips).
+// Updated parameters are compared in absolute terms, after taking out what the two gradients'
+// difference explains: Adam's first step moves each element by lr·g/(|g| + ε), so an element
+// whose tiny gradient changes sign under rounding moves by up to 2·lr the other way, and one
+// whose gradient is near ε (1e-8) moves with its gradient's relative error (seen on an H100:
+// 2.4e-5 = 2.4% of lr on a qwen3 wo element while the whole gradient agreed to 1.5e-6). The rest
+// must stay within 2% of lr in fp32 and 5% in bf16.
 // Document masking ([model] attn_mask_type = "block_causal") runs the same comparison on samples
 // packed with EOS-terminated documents: the doc_start table goes to the GPU kernels as it goes
 // to the CPU's.
@@ -72,9 +75,21 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   return v;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+/// The largest |a − b| over the elements of two updated parameters, less what their gradients'
+/// own difference explains: AdamW's first step moves an element by lr·u(g) with u(g) = g / (|g| + ε)
+/// (bias-corrected m̂ = g, √v̂ = |g|; decoupled decay is the same on both sides), so the part
+/// lr·|u(g_a) − u(g_b)| is the gradient difference seen through Adam (a sign flip of a tiny
+/// gradient: up to 2·lr; a gradient near ε: large relative changes) and the rest is the
+/// update's own rounding. NaN / inf anywhere counts as infinite.
+double value_excess(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& ga,
+                    const std::vector<float>& gb, double lr, double eps) {
+  const auto u = [eps](double g) { return g / (std::fabs(g) + eps); };
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::isfinite(a[i]) ? double(std::fabs(a[i] - b[i])) : INFINITY);
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(ga[i])) return INFINITY;
+    const double explained = lr * std::fabs(u(ga[i]) - u(gb[i]));
+    m = std::max(m, std::fabs(double(a[i]) - double(b[i])) - explained);
+  }
   return m;
 }
 
@@ -100,13 +115,16 @@ void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_
   BOOST_CHECK_MESSAGE(loss_err <= loss_tol, "loss rel err " << loss_err << " > " << loss_tol);
   double worst_grad = 0, worst_value = 0;
   for (size_t i = 0; i < c.names.size(); ++i) {
-    const double eg = rel_error(g.grads[i], c.grads[i]), ev = max_abs_diff(g.values[i], c.values[i]);
+    const double eg = rel_error(g.grads[i], c.grads[i]);
+    const double ev = value_excess(g.values[i], c.values[i], g.grads[i], c.grads[i], kLr, OptimizerSection{}.eps);
     worst_grad = std::max(worst_grad, eg);
     worst_value = std::max(worst_value, ev);
     BOOST_CHECK_MESSAGE(eg <= grad_tol, c.names[i] << " grad rel err " << eg << " > " << grad_tol);
-    BOOST_CHECK_MESSAGE(ev <= value_tol, c.names[i] << " updated value rel err " << ev << " > " << value_tol);
+    BOOST_CHECK_MESSAGE(ev <= value_tol, c.names[i] << " updated value abs diff beyond the gradients' " << ev << " > "
+                                                   << value_tol);
   }
-  BOOST_TEST_MESSAGE("worst gradient rel err " << worst_grad << ", worst updated value abs diff " << worst_value);
+  BOOST_TEST_MESSAGE("worst gradient rel err " << worst_grad << ", worst updated value abs diff beyond the gradients' "
+                                                << worst_value);
 }
 
 ModelArgs debug(const std::string& family) {
@@ -127,26 +145,26 @@ BOOST_AUTO_TEST_CASE(llama3_debug_step_fp32_full_activation_checkpointing) {
   compare(debug("llama3"), DType::kF32, 1e-5, 1e-4, 0.02 * kLr, p);
 }
 
-BOOST_AUTO_TEST_CASE(llama3_debug_step_bf16) { compare(debug("llama3"), DType::kBF16, 1e-2, 5e-2, 2.05 * kLr); }
+BOOST_AUTO_TEST_CASE(llama3_debug_step_bf16) { compare(debug("llama3"), DType::kBF16, 1e-2, 5e-2, 0.05 * kLr); }
 
-BOOST_AUTO_TEST_CASE(qwen3_debug_step_bf16) { compare(debug("qwen3"), DType::kBF16, 1e-2, 5e-2, 2.05 * kLr); }
+BOOST_AUTO_TEST_CASE(qwen3_debug_step_bf16) { compare(debug("qwen3"), DType::kBF16, 1e-2, 5e-2, 0.05 * kLr); }
 
 BOOST_AUTO_TEST_CASE(tied_embeddings_bf16) {
   ModelArgs a = debug("llama3");
   a.tie_word_embeddings = true;
-  compare(a, DType::kBF16, 1e-2, 5e-2, 2.05 * kLr);
+  compare(a, DType::kBF16, 1e-2, 5e-2, 0.05 * kLr);
 }
 
 // Document masking: the debug shape (head dim 16: SIMT kernels) in fp32 and bf16, and 4 heads of
 // 64 over 2 kv heads (tensor-core kernels in bf16).
 BOOST_AUTO_TEST_CASE(llama3_debug_step_block_causal) {
   compare(debug("llama3"), DType::kF32, 1e-5, 1e-4, 0.02 * kLr, {}, true);
-  compare(debug("llama3"), DType::kBF16, 1e-2, 5e-2, 2.05 * kLr, {}, true);
+  compare(debug("llama3"), DType::kBF16, 1e-2, 5e-2, 0.05 * kLr, {}, true);
   ModelArgs a = debug("llama3");
   a.n_heads = 4;
   a.n_kv_heads = 2;
   a.head_dim = a.dim / a.n_heads;
-  compare(a, DType::kBF16, 1e-2, 5e-2, 2.05 * kLr, {}, true);
+  compare(a, DType::kBF16, 1e-2, 5e-2, 0.05 * kLr, {}, true);
 }
 
 int main(int argc, char** argv) { return gpu_test_main(argc, argv); }
