@@ -157,9 +157,9 @@ const std::string kFt = "applies only with fault_tolerance.enable (torchft), whi
 // the legacy "float8" its presets still write.
 Rule converters_rule() {
   return {"[]: honoured; \"float8\" / \"quantize.linear.float8\": honoured on the cpu device as an emulation with "
-          "[quantize.linear.float8] emulate = true (refused without it), refused (not implemented yet) on cuda and "
-          "with tensor parallelism; MX / grouped-GEMM converters: refused (not implemented yet); other names: refused "
-          "(unknown converter)",
+          "[quantize.linear.float8] emulate = true (refused without it; under tensor parallelism too), refused (not "
+          "implemented yet) on cuda; MX / grouped-GEMM converters: refused (not implemented yet); other names: "
+          "refused (unknown converter)",
           [](const OptionValue& v) {
             for (const OptionValue& c : v.items) {
               const std::string& n = c.text;

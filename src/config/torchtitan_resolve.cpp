@@ -193,10 +193,6 @@ void check_float8(Pass& p) {
   if (std::find(f.filter_fqns.begin(), f.filter_fqns.end(), "auto_filter_small_kn") != f.filter_fqns.end())
     p.add(t + "filter_fqns", {Outcome::kRefused, "\"auto_filter_small_kn\" (TorchAO's filter of linears too small to "
                                                  "gain from float8) is not implemented yet; name the modules to skip"});
-  if (p.cfg().parallelism.tensor_parallel_degree > 1)
-    p.add(conv, {Outcome::kRefused, "\"float8\": float8 training with tensor parallelism is not implemented yet "
-                                    "(tensor_parallel_degree = " +
-                                        std::to_string(p.cfg().parallelism.tensor_parallel_degree) + ")"});
   if (f.fsdp_float8_all_gather && f.recipe_set)
     p.add(t + "enable_fsdp_float8_all_gather",
           {Outcome::kRefused, "together with recipe_name (\"" + f.recipe +

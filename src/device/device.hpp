@@ -339,6 +339,20 @@ class Device {
     (void)src, (void)cast, (void)power_of_two, (void)dst;
     throw std::runtime_error("float8 operand casts on the " + name() + " device are not implemented yet");
   }
+  /// The two halves of float8_cast for an operand whose scaling groups span ranks (split over
+  /// tp): amax [float8_group_count(R, C, scaling)] (f32) of src [R, C] per group, +inf for a group
+  /// holding a NaN or ±inf (tensor/float8.hpp, float8_group_amax); then the cast of src into dst
+  /// with those groups' amax, reduced over the ranks in between by the caller. Same defaults
+  /// and errors as float8_cast.
+  virtual void float8_amax(const Tensor& src, Float8Scaling scaling, const Tensor& amax) {
+    (void)src, (void)scaling, (void)amax;
+    throw std::runtime_error("float8 amax reductions on the " + name() + " device are not implemented yet");
+  }
+  virtual void float8_cast_with_amax(const Tensor& src, const Float8Cast& cast, bool power_of_two,
+                                     const Tensor& amax, const Tensor& dst) {
+    (void)src, (void)cast, (void)power_of_two, (void)amax, (void)dst;
+    throw std::runtime_error("float8 operand casts on the " + name() + " device are not implemented yet");
+  }
 };
 
 /// Creates the device named `kind` for this rank: "cpu", or "cuda" (GPU `gpu` of this node,

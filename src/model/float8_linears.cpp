@@ -32,6 +32,8 @@ std::vector<std::string> convert_float8_linears(Transformer& model, const Float8
     if (p->name.compare(module.size(), suffix.size(), suffix) != 0 || !is_block_linear(module)) continue;
     if (!float8_converts(f8, module, p->shape[0], p->shape[1])) continue;
     p->float8 = recipe;
+    const TensorParallel& tp = model.tensor_parallel();
+    p->float8_tp = tp.active() && p->sharding.tp_dim >= 0 ? tp.comm : nullptr;
     converted.push_back(module);
   }
   return converted;

@@ -19,7 +19,10 @@
 namespace meshtrain {
 
 /// Marks this model's convertible linear weights with the recipe of `f8` (Parameter::float8)
-/// and returns their module names ("layers.0.attention.wq", ...), in parameter order.
+/// and returns their module names ("layers.0.attention.wq", ...), in parameter order. Under
+/// tensor parallelism a weight split over tp also gets the model's tp group
+/// (Parameter::float8_tp): the scaling groups that span the split reduce their amax over it.
+/// Whether a linear converts is decided on its global shape, the same for every tp degree.
 /// @throws std::invalid_argument for an unknown recipe name.
 std::vector<std::string> convert_float8_linears(Transformer& model, const Float8Config& f8);
 

@@ -10,6 +10,8 @@
 
 namespace meshtrain {
 
+class Communicator;
+
 struct Float8LinearRecipe;  // tensor/float8.hpp
 
 /// How a parameter's initial values are drawn; each element is a pure function of
@@ -64,6 +66,10 @@ struct Parameter {
   /// (model/float8_linears.hpp): linear_forward / linear_backward cast the operands of its three
   /// GEMMs per this recipe. Null: high precision.
   std::shared_ptr<const Float8LinearRecipe> float8;
+  /// With `float8` on a weight split over tp (sharding.tp_dim ≥ 0): the tp group, over which the
+  /// amax of every scaling group that spans the split is reduced with max before the cast (as
+  /// TorchAO computes it over the whole DTensor). Null when not split.
+  Communicator* float8_tp = nullptr;
 
   /// What forward and backward read: `compute` under bf16 mixed precision, else `value`.
   const Tensor& compute_value() const { return compute.defined() ? compute : value; }

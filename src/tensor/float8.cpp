@@ -48,6 +48,24 @@ float float8_scale(float amax, Float8Format f, bool power_of_two) {
   return std::ldexp(1.0f, e - 1);
 }
 
+namespace {
+// out[r, c] = float8_round(x[r, c] · s_g) / s_g, s_g the scale of the element's group.
+void scaled_round(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling, const float* s,
+                  float* out) {
+  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
+  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* orow = out + r * cols;
+    const float* sr = s + r * row_stride;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float sc = sr[c * col_stride];
+      orow[c] = float8_round(xr[c] * sc, f) / sc;
+    }
+  }
+}
+}  // namespace
+
 void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
                           bool power_of_two, float* out, float* scales) {
   if (rows < 0 || cols < 0)
@@ -70,16 +88,41 @@ void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Form
   }
   std::vector<float> s(static_cast<size_t>(groups));
   for (size_t g = 0; g < s.size(); ++g) s[g] = float8_scale(amax[g], f, power_of_two);
+  scaled_round(x, rows, cols, f, scaling, s.data(), out);
+  if (scales) std::copy(s.begin(), s.end(), scales);
+}
+
+int64_t float8_group_count(int64_t rows, int64_t cols, Float8Scaling scaling) {
+  return scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
+}
+
+void float8_group_amax(const float* x, int64_t rows, int64_t cols, Float8Scaling scaling, float* amax) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("float8_group_amax: negative size [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  const int64_t groups = float8_group_count(rows, cols, scaling);
+  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
+  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
+  std::fill(amax, amax + groups, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
-    float* orow = out + r * cols;
-    const float* sr = s.data() + r * row_stride;
+    float* m = amax + r * row_stride;
     for (int64_t c = 0; c < cols; ++c) {
-      const float sc = sr[c * col_stride];
-      orow[c] = float8_round(xr[c] * sc, f) / sc;
+      const float v = std::fabs(xr[c]);
+      float& mc = m[c * col_stride];
+      mc = std::isnan(v) ? INFINITY : std::max(mc, v);
     }
   }
-  if (scales) std::copy(s.begin(), s.end(), scales);
+}
+
+void float8_quantize_with_amax(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
+                               bool power_of_two, const float* amax, float* out) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument("float8_quantize_with_amax: negative size [" + std::to_string(rows) + ", " +
+                                std::to_string(cols) + "]");
+  std::vector<float> s(static_cast<size_t>(float8_group_count(rows, cols, scaling)));
+  for (size_t g = 0; g < s.size(); ++g) s[g] = float8_scale(amax[g], f, power_of_two);
+  scaled_round(x, rows, cols, f, scaling, s.data(), out);
 }
 
 Float8LinearRecipe float8_linear_recipe(const std::string& name) {

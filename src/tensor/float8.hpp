@@ -66,6 +66,24 @@ enum class Float8Scaling { kTensorwise, kRowwise, kColumnwise };
 void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
                           bool power_of_two, float* out, float* scales = nullptr);
 
+/// The number of scaling groups of an x [rows, cols] under `scaling`: 1, rows or cols.
+int64_t float8_group_count(int64_t rows, int64_t cols, Float8Scaling scaling);
+
+/// The first half of float8_fake_quantize for groups that span ranks (an operand split over a
+/// tensor-parallel group: TorchAO computes the amax of the whole DTensor): amax per group of
+/// the row-major x [rows, cols] into amax [float8_group_count]. A group holding a NaN or ±inf
+/// reports +inf, so that a max over the ranks keeps it (MPI's max of a NaN is unspecified) and
+/// its scale is 0: every value of the group then dequantizes to NaN, as with a local NaN amax.
+/// @throws std::invalid_argument for negative sizes.
+void float8_group_amax(const float* x, int64_t rows, int64_t cols, Float8Scaling scaling, float* amax);
+
+/// The second half: out = float32(float8_round(float32(x · s)) / s) with s = float8_scale of the
+/// group's given amax (amax [float8_group_count], e.g. reduced with max over the ranks sharing
+/// the groups). Equal amax, equal result: bit-identical to float8_fake_quantize for finite data.
+/// out may alias x. @throws std::invalid_argument for negative sizes.
+void float8_quantize_with_amax(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
+                               bool power_of_two, const float* amax, float* out);
+
 /// How a Float8 recipe casts one GEMM operand: not at all (`quantize` false: high precision), or
 /// to `format` with scales per `scaling` group of the operand as stored (row-major).
 struct Float8Cast {

@@ -1,5 +1,6 @@
 #define BOOST_TEST_MODULE float8
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -77,4 +78,51 @@ BOOST_AUTO_TEST_CASE(linear_recipes_match_torchao) {
   float8_cast_operand(x.data(), 2, 2, r.grad_input_w, r.power_of_two, out.data());
   float8_fake_quantize(x.data(), 2, 2, F::kE4M3, S::kColumnwise, true, want.data());
   BOOST_TEST(out == want);
+}
+
+// The split cast of tensor-parallel operands (float8_group_amax, then float8_quantize_with_amax
+// with the max over the shards' amax) equals the cast of the whole tensor, bit for bit: each
+// scaling group sees one amax however the tensor is split.
+BOOST_AUTO_TEST_CASE(group_amax_over_shards_reproduces_the_whole_cast) {
+  const int64_t rows = 6, cols = 8;
+  std::vector<float> x(rows * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.7f * float(i)) * (1.0f + float(i % 5)) * 3.0f;
+  for (Float8Scaling s : {Float8Scaling::kTensorwise, Float8Scaling::kRowwise, Float8Scaling::kColumnwise})
+    for (bool pow2 : {false, true}) {
+      std::vector<float> whole(x.size());
+      float8_fake_quantize(x.data(), rows, cols, Float8Format::kE4M3, s, pow2, whole.data());
+      // Split the columns (a row-parallel operand) into two shards, or the rows (a column-split one).
+      const bool split_cols = s != Float8Scaling::kColumnwise;
+      const int64_t half_r = split_cols ? rows : rows / 2, half_c = split_cols ? cols / 2 : cols;
+      std::vector<std::vector<float>> shard(2, std::vector<float>(static_cast<size_t>(half_r * half_c)));
+      for (int k = 0; k < 2; ++k)
+        for (int64_t r = 0; r < half_r; ++r)
+          for (int64_t c = 0; c < half_c; ++c)
+            shard[k][size_t(r * half_c + c)] =
+                x[size_t((r + (split_cols ? 0 : k * half_r)) * cols + c + (split_cols ? k * half_c : 0))];
+      const int64_t groups = float8_group_count(half_r, half_c, s);
+      std::vector<float> a0(static_cast<size_t>(groups)), a1(static_cast<size_t>(groups));
+      float8_group_amax(shard[0].data(), half_r, half_c, s, a0.data());
+      float8_group_amax(shard[1].data(), half_r, half_c, s, a1.data());
+      // The shards' own amax differ from the whole tensor's somewhere: without the max over
+      // them the casts below would differ, so the comparison can fail.
+      BOOST_TEST((a0 != a1));
+      for (size_t g = 0; g < a0.size(); ++g) a0[g] = std::max(a0[g], a1[g]);  // the all-reduce with max
+      for (int k = 0; k < 2; ++k) {
+        std::vector<float> q(shard[k].size());
+        float8_quantize_with_amax(shard[k].data(), half_r, half_c, Float8Format::kE4M3, s, pow2, a0.data(), q.data());
+        for (int64_t r = 0; r < half_r; ++r)
+          for (int64_t c = 0; c < half_c; ++c)
+            BOOST_TEST(q[size_t(r * half_c + c)] ==
+                       whole[size_t((r + (split_cols ? 0 : k * half_r)) * cols + c + (split_cols ? k * half_c : 0))]);
+      }
+    }
+  // A NaN or ±inf reports +inf (kept by a max over ranks); its whole group dequantizes to NaN.
+  std::vector<float> y = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, 3.0f};
+  float amax = 0;
+  float8_group_amax(y.data(), 1, 4, Float8Scaling::kTensorwise, &amax);
+  BOOST_TEST(std::isinf(amax));
+  std::vector<float> q(4);
+  float8_quantize_with_amax(y.data(), 1, 4, Float8Format::kE4M3, Float8Scaling::kTensorwise, false, &amax, q.data());
+  for (float v : q) BOOST_TEST(std::isnan(v));
 }

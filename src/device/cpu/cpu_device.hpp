@@ -103,6 +103,9 @@ class CpuDevice final : public Device {
   void fill(const Tensor& x, float value) override;
   void cast(const Tensor& dst, const Tensor& src) override;
   void float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) override;
+  void float8_amax(const Tensor& src, Float8Scaling scaling, const Tensor& amax) override;
+  void float8_cast_with_amax(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& amax,
+                             const Tensor& dst) override;
 
  private:
   int threads_;

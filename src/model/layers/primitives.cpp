@@ -2,19 +2,51 @@
 
 #include <stdexcept>
 
+#include "comm/communicator.hpp"
 #include "model/weight_grad_queue.hpp"
 #include "tensor/float8.hpp"
 
 namespace meshtrain {
 
 namespace {
+// Which dimension of a linear layer's operand is split over tp (−1: none). A column-parallel
+// weight W [out/tp, in] (tp_dim 0) reads the whole x [N, in] and gives dy [N, out/tp]; a
+// row-parallel one W [out, in/tp] (tp_dim 1) reads x [N, in/tp] and gets the whole dy [N, out].
+enum class Operand { kX, kW, kDy };
+int split_dim(const Parameter& w, Operand o) {
+  const int d = w.sharding.tp_dim;
+  if (d < 0) return -1;
+  if (o == Operand::kW) return d;
+  if (o == Operand::kX) return d == 1 ? 1 : -1;
+  return d == 0 ? 1 : -1;
+}
+
+// Whether a scaling group reaches across the split: a tensorwise group always, a row (spanning
+// the columns) when the columns are split, a column when the rows are.
+bool group_spans_split(Float8Scaling s, int split) {
+  if (split < 0) return false;
+  return s == Float8Scaling::kTensorwise || (s == Float8Scaling::kRowwise) == (split == 1);
+}
+
 // An operand of a Float8 GEMM: its cast into a temporary (freed after the GEMM; backward casts
 // again from the saved high-precision tensors, as TorchAO's rowwise recipes do), or the tensor
-// itself in high precision (no recipe, or the recipe leaves this operand unquantized).
-Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast) {
+// itself in high precision (no recipe, or the recipe leaves this operand unquantized). Under tp,
+// a scaling group split across the ranks takes the max of their amax first, so every rank
+// scales it as one tensor would (blocking, on the tp group).
+Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast,
+                      Operand role) {
   if (!w.float8 || !((*w.float8).*cast).quantize) return t;
+  const Float8Cast& c = (*w.float8).*cast;
   Tensor q = dev.empty(t.shape(), t.dtype(), MemCategory::kTemporaries);
-  dev.float8_cast(t, (*w.float8).*cast, w.float8->power_of_two, q);
+  if (!w.float8_tp || !group_spans_split(c.scaling, split_dim(w, role))) {
+    dev.float8_cast(t, c, w.float8->power_of_two, q);
+    return q;
+  }
+  const int64_t groups = float8_group_count(t.dim(0), t.dim(1), c.scaling);
+  Tensor amax = dev.empty({groups}, DType::kF32, MemCategory::kTemporaries);
+  dev.float8_amax(t, c.scaling, amax);
+  w.float8_tp->all_reduce(amax, ReduceOp::kMax)->wait();
+  dev.float8_cast_with_amax(t, c, w.float8->power_of_two, amax, q);
   return q;
 }
 }  // namespace
@@ -22,8 +54,8 @@ Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Ca
 void linear_forward_into(Device& dev, const Tensor& x, const Parameter& w, const Tensor& y) {
   const Tensor& wc = w.compute_value();
   using R = Float8LinearRecipe;
-  dev.matmul(float8_operand(dev, x, w, &R::output_x), false, float8_operand(dev, wc, w, &R::output_w), true, y, 1.0f,
-             0.0f);
+  dev.matmul(float8_operand(dev, x, w, &R::output_x, Operand::kX), false,
+             float8_operand(dev, wc, w, &R::output_w, Operand::kW), true, y, 1.0f, 0.0f);
 }
 
 Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat) {
@@ -34,8 +66,8 @@ Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCateg
 
 void linear_weight_grad(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w) {
   using R = Float8LinearRecipe;
-  dev.matmul(float8_operand(dev, dy, w, &R::grad_weight_dy), true, float8_operand(dev, x, w, &R::grad_weight_x), false,
-             w.grad, 1.0f, 1.0f);
+  dev.matmul(float8_operand(dev, dy, w, &R::grad_weight_dy, Operand::kDy), true,
+             float8_operand(dev, x, w, &R::grad_weight_x, Operand::kX), false, w.grad, 1.0f, 1.0f);
 }
 
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
@@ -47,7 +79,8 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
   else
     linear_weight_grad(dev, dy, x, w);
   using R = Float8LinearRecipe;
-  const Tensor dyq = float8_operand(dev, dy, w, &R::grad_input_dy), wq = float8_operand(dev, wc, w, &R::grad_input_w);
+  const Tensor dyq = float8_operand(dev, dy, w, &R::grad_input_dy, Operand::kDy);
+  const Tensor wq = float8_operand(dev, wc, w, &R::grad_input_w, Operand::kW);
   if (accumulate_dx) {
     dev.matmul(dyq, false, wq, false, *accumulate_dx, 1.0f, 1.0f);
     return *accumulate_dx;
