@@ -206,17 +206,19 @@ fi
 
 if wanted kernels; then
   # GPU time by kernel of one training step of the benchmark's deck (written by the bench step),
-  # from ncu (the machines have no usable nsys): 2 steps at local batch 4, the last one kept.
+  # from ncu (the machines have no usable nsys): 3 steps at local batch 4, only the kernels of
+  # step 3 profiled (its NVTX range; window 1's ncu over whole runs spent 103 s on step 1 alone).
   ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
   bench_deck="$root/perf/out/gpu_bench/deck.toml"
   if [ -z "$ncu_bin" ] || [ ! -f "$bench_deck" ]; then
     note "SKIP  kernels  (needs ncu and the bench step's deck, $bench_deck)"
   else
     run_step kernels 150 bash -c '"$1" --csv --print-units base --clock-control none --cache-control none \
-      --print-kernel-base function --target-processes all --metrics gpu__time_duration.sum --log-file "$2/ncu.csv" \
-      meshtrain train --deck "$3" --training.local_batch_size=4 --training.global_batch_size=4 --training.steps=2 \
+      --print-kernel-base function --target-processes all --nvtx --nvtx-include "step 3/" \
+      --metrics gpu__time_duration.sum --log-file "$2/ncu.csv" \
+      meshtrain train --deck "$3" --training.local_batch_size=4 --training.global_batch_size=4 --training.steps=3 \
       --job.dump_folder="$2/ncu_dump" --job.final_dump=false &&
-      python3 "$4/perf/ncu_kernel_table.py" --csv "$2/ncu.csv" --last-step --json "$5/kernels.json"' \
+      python3 "$4/perf/ncu_kernel_table.py" --csv "$2/ncu.csv" --json "$5/kernels.json"' \
       _ "$ncu_bin" "$work" "$bench_deck" "$root" "$out"
     cat "$logs/kernels.log" | tail -n 30 >> "$summary"
   fi

@@ -26,6 +26,7 @@
 #include "metrics/tensorboard_writer.hpp"
 #include "metrics/throughput.hpp"
 #include "model/float8_linears.hpp"
+#include "train/nvtx_step_range.hpp"
 #include "model/layers/embedding.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
@@ -510,6 +511,7 @@ StepResult Trainer::train_step(int64_t step) {
   Device& dev = *device_;
   GradientSync& sync = *sync_;
   std::optional<trace::Span> step_span(std::in_place, "step " + std::to_string(step), "step");
+  std::optional<NvtxStepRange> nvtx_step(std::in_place, "step " + std::to_string(step));
   const auto t0 = Clock::now();
   // Bytes each mesh communicator has sent so far (per collective kind), for the step's deltas.
   auto comm_bytes_now = [&] {
@@ -578,6 +580,7 @@ StepResult Trainer::train_step(int64_t step) {
   sync.after_optimizer_step();
   dev.synchronize();
   step_span.reset();  // the step's work ends here; logging, validation and saving are traced apart
+  nvtx_step.reset();
   r.seconds = seconds_since(t0);
   r.comm_bytes = nlohmann::json::object();
   const auto bytes1 = comm_bytes_now();
