@@ -3,16 +3,18 @@
 8-512 GPUs; "elastic distributed training with torchtitan", tables 1-6), every row.
 
 For every row, the planner predicts the row's own configuration (`--fixed all`) on an H100 entry
-with the 95 GB of memory the runs had (TorchTitan used lower-TDP SXM H100s with 95 GB of HBM2e,
-whose peak lies between SXM and NVL: the h100_sxm rates are kept). Printed per row: published
+at the published runs' own efficiency (inputs/hardware/h100_torchtitan_eager.toml: eager
+PyTorch, slower than meshtrain's calibrated h100_sxm) with the 95 GB of memory the runs had
+(TorchTitan used lower-TDP SXM H100s with 95 GB of HBM2e, whose peak lies between SXM and NVL:
+the h100_sxm rates are kept). Printed per row: published
 memory against the predicted peak (the planner's total plus the entry's fragmentation margin),
 and tokens/s per GPU. Published tokens/s include torch.compile, Float8 and async TP in most
 rows, which meshtrain does not have: only the bf16 eager rows are compared in absolute terms, the
 others as the ratio published / predicted. Within each table, the ordering of configurations
 by tokens/s and by memory is compared.
 
-Calibration: table 1's first row (8B FSDP 8 eager) set the GPU entries' efficiency factors
-(inputs/hardware/catalog.toml); it is marked and excluded from the error summary.
+Calibration: table 1's first row (8B FSDP 8 eager) set that entry's efficiency factors; it is
+marked and excluded from the error summary.
 
 Each row is the published configuration, TorchTitan's defaults included: its pipeline splits
 the local batch into as many micro-batches as there are pipeline ranks (table 5: 8 of 4
@@ -105,12 +107,13 @@ def loss_logits(c, deck, over):
 
 
 def catalog_95gb(path):
-    """The h100_sxm entry of the built-in catalog with 95 GB of memory, written to `path`."""
-    src = open(os.path.join(ROOT, "inputs", "hardware", "catalog.toml")).read()
-    start = src.index("[h100_sxm]")
-    end = src.index("\n[", start + 1)
-    entry = src[start:end].replace("[h100_sxm]", "[h100_95gb]").replace("memory_bytes = 80e9", "memory_bytes = 95e9")
-    open(path, "w").write(entry + "\n")
+    """The H100 at the published runs' own (eager PyTorch) efficiency,
+    inputs/hardware/h100_torchtitan_eager.toml, with 95 GB of memory, written to `path`."""
+    src = open(os.path.join(ROOT, "inputs", "hardware", "h100_torchtitan_eager.toml")).read()
+    start = src.index("[h100_sxm_torchtitan_eager]")
+    entry = src[start:].replace("[h100_sxm_torchtitan_eager]", "[h100_95gb]")
+    entry = entry.replace("memory_bytes = 80e9", "memory_bytes = 95e9")
+    open(path, "w").write(entry)
 
 
 def main():
