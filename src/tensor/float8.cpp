@@ -48,7 +48,29 @@ float float8_scale(float amax, Float8Format f, bool power_of_two) {
   return std::ldexp(1.0f, e - 1);
 }
 
+int64_t float8_group_count(int64_t rows, int64_t cols, Float8Scaling scaling) {
+  return scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
+}
+
 namespace {
+// amax [float8_group_count] per scaling group of x [rows, cols]; a NaN sticks (torch.max
+// propagates it, so the group's scale is NaN). The group of element (r, c) is
+// g_row[r] + g_col[c]: one of the two strides is 0.
+void amax_nan_sticky(const float* x, int64_t rows, int64_t cols, Float8Scaling scaling, float* amax) {
+  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
+  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
+  std::fill(amax, amax + float8_group_count(rows, cols, scaling), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* m = amax + r * row_stride;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = std::fabs(xr[c]);
+      float& mc = m[c * col_stride];
+      if (!(v <= mc)) mc = std::isnan(mc) ? mc : v;  // v > mc, or v NaN
+    }
+  }
+}
+
 // out[r, c] = float8_round(x[r, c] · s_g) / s_g, s_g the scale of the element's group.
 void scaled_round(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling, const float* s,
                   float* out) {
@@ -71,48 +93,21 @@ void float8_fake_quantize(const float* x, int64_t rows, int64_t cols, Float8Form
   if (rows < 0 || cols < 0)
     throw std::invalid_argument("float8_fake_quantize: negative size [" + std::to_string(rows) + ", " +
                                 std::to_string(cols) + "]");
-  const int64_t groups = scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
-  // The group of element (r, c) is g_row[r] + g_col[c]: one of the two strides is 0.
-  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
-  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
-  // amax per group; a NaN sticks (torch.max propagates it, so the group's scale is NaN).
-  std::vector<float> amax(static_cast<size_t>(groups), 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* m = amax.data() + r * row_stride;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::fabs(xr[c]);
-      float& mc = m[c * col_stride];
-      if (!(v <= mc)) mc = std::isnan(mc) ? mc : v;  // v > mc, or v NaN
-    }
-  }
-  std::vector<float> s(static_cast<size_t>(groups));
+  std::vector<float> amax(static_cast<size_t>(float8_group_count(rows, cols, scaling)));
+  amax_nan_sticky(x, rows, cols, scaling, amax.data());
+  std::vector<float> s(amax.size());
   for (size_t g = 0; g < s.size(); ++g) s[g] = float8_scale(amax[g], f, power_of_two);
   scaled_round(x, rows, cols, f, scaling, s.data(), out);
   if (scales) std::copy(s.begin(), s.end(), scales);
-}
-
-int64_t float8_group_count(int64_t rows, int64_t cols, Float8Scaling scaling) {
-  return scaling == Float8Scaling::kTensorwise ? 1 : scaling == Float8Scaling::kRowwise ? rows : cols;
 }
 
 void float8_group_amax(const float* x, int64_t rows, int64_t cols, Float8Scaling scaling, float* amax) {
   if (rows < 0 || cols < 0)
     throw std::invalid_argument("float8_group_amax: negative size [" + std::to_string(rows) + ", " +
                                 std::to_string(cols) + "]");
-  const int64_t groups = float8_group_count(rows, cols, scaling);
-  const int64_t row_stride = scaling == Float8Scaling::kRowwise ? 1 : 0;
-  const int64_t col_stride = scaling == Float8Scaling::kColumnwise ? 1 : 0;
-  std::fill(amax, amax + groups, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * cols;
-    float* m = amax + r * row_stride;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float v = std::fabs(xr[c]);
-      float& mc = m[c * col_stride];
-      mc = std::isnan(v) ? INFINITY : std::max(mc, v);
-    }
-  }
+  amax_nan_sticky(x, rows, cols, scaling, amax);
+  for (int64_t g = 0; g < float8_group_count(rows, cols, scaling); ++g)
+    if (std::isnan(amax[g])) amax[g] = INFINITY;
 }
 
 void float8_quantize_with_amax(const float* x, int64_t rows, int64_t cols, Float8Format f, Float8Scaling scaling,
