@@ -667,6 +667,10 @@ def main():
                    help="run the variant layouts (one knob changed from a base layout: accumulation, reshard never, "
                         "tp without sp / loss parallel, under ZeRO-2 / DDP, with AC, uneven splits) only at these "
                         "rank counts; the base layouts keep every --ranks (default: variants at every --ranks)")
+    p.add_argument("--large-ranks-layouts", nargs="+", choices=list(LAYOUTS),
+                   help="at rank counts above the smallest --ranks, run only these layouts (the test suite's "
+                        "time: the ones whose group sizes change with the rank count in a way the smaller count "
+                        "does not show; default: every layout at every --ranks)")
     p.add_argument("--steps", type=int, default=3, help="steps per run (>= 3: the last one is compared)")
     p.add_argument("--deck", default=os.path.join(ROOT, "tests/equivalence/tiny.toml"))
     p.add_argument("--decks", nargs="+", default=["tiny"], choices=["tiny", "tied", "debug", "qwen3"],
@@ -696,6 +700,8 @@ def main():
                 if R * S * T * P * CP != n or ("hsdp" in layout and S < 2) or n not in tp.get("ranks", (n,)):
                     continue
                 if args.variants_ranks and layout in VARIANTS and n not in args.variants_ranks:
+                    continue
+                if args.large_ranks_layouts and n > min(args.ranks) and layout not in args.large_ranks_layouts:
                     continue
                 if P > 1 and deck_name != "tiny":
                     continue  # tied embeddings under pp add the embedding-group exchange; not modelled

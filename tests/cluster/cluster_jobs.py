@@ -8,7 +8,7 @@ Scenarios (one per ctest test):
              what SLURM_TOPOLOGY_ADDR says; tp groups stay inside nodes; the losses equal the same
              layout run on one host (mpirun); `meshtrain layout --topology` with the topology
              `scontrol show topology` reports gives the placement the job used.
-  node_kill  a `--no-kill` job (40 steps, checkpoint every 10) loses every process of one node
+  node_kill  a `--no-kill` job (28 steps, checkpoint every 10) loses every process of one node
              mid-run: the job completes its steps on the other 3 nodes inside the same allocation
              (no requeue), and its losses after the relaunch equal a run resumed from the same
              checkpoint on 6 ranks (<= 1e-5).
@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SLURM = os.path.join(ROOT, "scripts", "slurm")
 DECK = os.path.join(ROOT, "tests", "equivalence", "tiny.toml")
 TIMEOUT_S = 10  # [comm] train_timeout_seconds of the failure runs
+STEPS = 28  # of the failure runs: killed at step 15 or later, resumed at step 10
 
 
 def state(path):
@@ -152,7 +153,7 @@ def placement(a, cl, st):
 def failure(a, cl, st, how):
     out = os.path.join(a.out, how)
     shutil.rmtree(out, ignore_errors=True)
-    train = [f"--training.dataset={a.data}", "--training.steps=40", "--training.global_batch_size=48",
+    train = [f"--training.dataset={a.data}", f"--training.steps={STEPS}", "--training.global_batch_size=48",
              "--training.seq_len=64", "--model.dim=128", "--model.n_layers=4", "--checkpoint.enable=true",
              "--checkpoint.interval=10", f"--comm.train_timeout_seconds={TIMEOUT_S}", "--validation.enable=false"]
     job, log = cl.submit(["--no-kill", "--nodes=4", "--ntasks-per-node=2", "jobs/cpu_reference.sbatch", DECK, *train,
@@ -198,8 +199,8 @@ def failure(a, cl, st, how):
     open(f"{ref}/checkpoints/latest", "w").write("step-00000010.h5")
     mpirun(a.meshtrain, 6, [*train, "--training.local_batch_size=2", "--parallelism.data_parallel_replicate_degree=6",
                             f"--job.dump_folder={ref}"])
-    ok &= compare(losses(metrics), losses(f"{ref}/metrics.jsonl"), range(11, 41),
-                  "steps 11-40 after the relaunch against a 6-rank resume of the same checkpoint")
+    ok &= compare(losses(metrics), losses(f"{ref}/metrics.jsonl"), range(11, STEPS + 1),
+                  f"steps 11-{STEPS} after the relaunch against a 6-rank resume of the same checkpoint")
     print(f"failure to training again: {t_again:.1f} s (measured from the {how.replace('_', ' ')}); "
           f"steps lost: {trained - 10} (trained to step {trained} before, resumed at the step-10 checkpoint; "
           f"interval 10)" if t_again else "training again: not seen")
