@@ -63,24 +63,31 @@ std::string JobConfig::origin_of(const std::string& dotted_key) const {
   return deck_path.empty() ? std::string("deck") : deck_path;  // a default: the deck is where to set it
 }
 
-ModelArgs JobConfig::model_args() const {
-  // The arguments depend on [model] alone. validate() and the pipeline split ask for them once
-  // per call, and `meshtrain plan` validates a million configurations of one model: the last
-  // section that resolved is remembered per thread (errors are not cached: they rethrow with
-  // this deck's key origins).
+namespace {
+// The arguments depend on [model] alone. validate() and the pipeline split ask for them once
+// per call, and `meshtrain plan` validates a million configurations of one model: the last
+// section that resolved is remembered per thread (errors are not cached: they rethrow with this
+// deck's key origins). The reference stays valid until this thread resolves another section.
+const ModelArgs& memo_model_args(const JobConfig& c) {
   struct Last {
     bool set = false;
     ModelSection section;
     ModelArgs args;
   };
   thread_local Last last;
-  if (last.set && last.section == model) return last.args;
-  ModelArgs a = resolve_model_args();
-  last.section = model;
-  last.args = a;
+  if (last.set && last.section == c.model) return last.args;
+  ModelArgs a = c.resolve_model_args();
+  last.set = false;  // until both are assigned
+  last.section = c.model;
+  last.args = std::move(a);
   last.set = true;
-  return a;
+  return last.args;
 }
+}  // namespace
+
+ModelArgs JobConfig::model_args() const { return memo_model_args(*this); }
+
+int64_t JobConfig::model_layers() const { return memo_model_args(*this).n_layers; }
 
 ModelArgs JobConfig::resolve_model_args() const {
   const auto names = model_names();
@@ -205,24 +212,26 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   d.cp = p.context_parallel_degree;
   d.ep = p.expert_parallel_degree;
   const int64_t others = d.dp_replicate * d.cp * d.tp * d.pp;
-  const std::string product = "dp_replicate " + str(d.dp_replicate) + " × cp " + str(d.cp) + " × tp " + str(d.tp) +
-                              " × pp " + str(d.pp);
-  const std::string rule = " (dp_replicate × dp_shard × cp × tp × pp == world size)";
+  // Formatted only on failure: the planner validates a million layouts.
+  auto product = [&] {
+    return "dp_replicate " + str(d.dp_replicate) + " × cp " + str(d.cp) + " × tp " + str(d.tp) + " × pp " + str(d.pp);
+  };
+  const char* rule = " (dp_replicate × dp_shard × cp × tp × pp == world size)";
   if (p.data_parallel_shard_degree == -1) {
     if (world_size % others)
       fail(*this, "parallelism.data_parallel_shard_degree",
-           "-1 cannot fill world size " + str(world_size) + ": it is not divisible by " + product + " = " + str(others) +
+           "-1 cannot fill world size " + str(world_size) + ": it is not divisible by " + product() + " = " + str(others) +
                rule);
     d.dp_shard = world_size / others;
   } else {
     d.dp_shard = p.data_parallel_shard_degree;
     if (d.world() != world_size)
       fail(*this, "parallelism.data_parallel_shard_degree",
-           product + " × dp_shard " + str(d.dp_shard) + " = " + str(d.world()) + " but the world size is " +
+           product() + " × dp_shard " + str(d.dp_shard) + " = " + str(d.world()) + " but the world size is " +
                str(world_size) + rule);
   }
 
-  const ModelArgs a = model_args();
+  const ModelArgs& a = memo_model_args(*this);
   if (a.n_heads % a.n_kv_heads)
     fail(*this, "model.n_kv_heads", "n_heads " + str(a.n_heads) + " is not divisible by n_kv_heads " + str(a.n_kv_heads) +
                                         " (grouped-query attention: n_heads % n_kv_heads == 0)");

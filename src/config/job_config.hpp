@@ -290,6 +290,9 @@ struct JobConfig {
   /// @throws ConfigError unknown name/flavor, naming the key's origin. The last [model] section
   /// resolved is remembered per thread (the planner asks a million times for one model).
   ModelArgs model_args() const;
+  /// model_args().n_layers (transformer blocks) without copying the arguments: the pipeline
+  /// split asks once per validate(). @throws ConfigError as model_args().
+  int64_t model_layers() const;
   /// model_args() without the memo: the flavor table, the overrides and their checks.
   /// @throws ConfigError as model_args().
   ModelArgs resolve_model_args() const;

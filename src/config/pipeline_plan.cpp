@@ -1,5 +1,6 @@
 #include "config/pipeline_plan.hpp"
 
+#include <array>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -63,6 +64,15 @@ PipelineSchedule csv_schedule(const JobConfig& c, int pp, int v, int m) {
 // costs far more than the rest of validate(), and `meshtrain plan` validates thousands of
 // configurations sharing a few schedules. The schedule is immutable once made.
 std::shared_ptr<const PipelineSchedule> cached_schedule(const std::string& name, int pp, int m, int v) {
+  // The last schedule found on this thread, asked again without formatting the key (the
+  // planner validates candidates of one schedule in runs).
+  struct Last {
+    std::string name;
+    std::array<int, 3> sizes{};
+    std::shared_ptr<const PipelineSchedule> made;
+  };
+  thread_local Last last;
+  if (last.made && last.sizes == std::array<int, 3>{pp, m, v} && last.name == name) return last.made;
   static std::mutex mu;
   static std::map<std::string, std::pair<std::shared_ptr<const PipelineSchedule>, std::string>> memo;
   const std::string key = name + "/" + str(pp) + "/" + str(m) + "/" + str(v);
@@ -71,6 +81,7 @@ std::shared_ptr<const PipelineSchedule> cached_schedule(const std::string& name,
     const auto it = memo.find(key);
     if (it != memo.end()) {
       if (!it->second.first) throw ScheduleError(it->second.second);
+      last = {name, {pp, m, v}, it->second.first};
       return it->second.first;
     }
   }
@@ -100,14 +111,24 @@ bool schedule_verdict(const std::string& name, int pp, int m, int v, std::string
 }
 
 std::vector<StageLayers> JobConfig::pipeline_stages(const ParallelDims& d) const {
-  const int64_t n_layers = model_args().n_layers;
+  const int64_t n_layers = model_layers();
   const ParallelismSection& p = parallelism;
   const int64_t first = p.pipeline_parallel_first_stage_less_layers, last = p.pipeline_parallel_last_stage_less_layers;
   if (d.pp == 1) return split_stages(1, n_layers, first, last);  // TorchTitan ignores the pp keys here
   try {
     const int v = stages_per_rank_for(p.pipeline_parallel_schedule, int(d.pp), n_layers,
                                       p.pipeline_parallel_layers_per_stage.value_or(0), first, last);
-    return split_stages(int(d.pp) * v, n_layers, first, last);
+    // The last split made on this thread: validate() asks twice per configuration, and the
+    // planner a million times for a few hundred splits (errors are not remembered).
+    thread_local std::array<int64_t, 4> last_key{-1, -1, -1, -1};
+    thread_local std::vector<StageLayers> last_split;
+    const std::array<int64_t, 4> key = {int64_t(d.pp) * v, n_layers, first, last};
+    if (key != last_key) {
+      last_key = {-1, -1, -1, -1};
+      last_split = split_stages(int(d.pp) * v, n_layers, first, last);
+      last_key = key;
+    }
+    return last_split;
   } catch (const ScheduleError& e) {
     rethrow(*this, e);
   }

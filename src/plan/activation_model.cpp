@@ -341,43 +341,11 @@ std::shared_ptr<const StateGroups> cached_groups(const ActivationShape& a) {
 }
 }  // namespace
 
-// Memoized per shape: the planner predicts the same micro-batch under many other knobs.
+// Not memoized here: the memory model keeps each rank's prediction by its own (shorter) key,
+// and a memo keyed by the stage lists cost the planner more than the replays it never saved.
 std::shared_ptr<const ActivationPrediction> predict_activations(const ActivationShape& a) {
-  const ModelArgs& g = a.args;
-  std::vector<int64_t> key = {g.dim, g.n_layers, g.n_heads, g.n_kv_heads, g.head_dim, g.vocab_size, g.ffn_dim(),
-                              g.num_experts, g.top_k, g.moe_inter_dim, g.num_shared_experts, g.n_dense_layers,
-                              g.moe_layer_step, int64_t(g.qk_norm), int64_t(g.aux_loss_coeff > 0), a.micro_batch,
-                              a.seq_len, a.cp, a.tp, a.ep, int64_t(a.sequence_parallel), a.act_bytes,
-                              a.recompute_every, a.in_flight, a.pp_microbatches, g.loss_chunk_tokens};
   if (!a.stages || a.stages->empty()) throw std::invalid_argument("predict_activations: no stage");
-  if (a.states && a.states_id > 0)
-    key.push_back(a.states_id);
-  else if (a.states)
-    for (const SimulationResult::InFlightState& st : *a.states) {
-      key.push_back(-1000 - st.running - 1000000 * int64_t(st.phase));
-      key.insert(key.end(), st.held.begin(), st.held.end());
-      key.insert(key.end(), st.pending.begin(), st.pending.end());
-      key.insert(key.end(), st.backed.begin(), st.backed.end());
-    }
-  for (const ActivationShape::Stage& st : *a.stages) {
-    key.push_back(int64_t(st.embedding) + 2 * int64_t(st.head));
-    key.push_back(st.blocks.empty() ? -1 : st.blocks.front());
-    key.push_back(int64_t(st.blocks.size()));
-  }
-  static std::mutex mu;
-  // Never destroyed: a large search leaves tens of thousands of predictions here, and freeing
-  // them one by one at exit cost more than a small plan's whole search.
-  static auto& memo = *new std::unordered_map<std::vector<int64_t>, std::shared_ptr<const ActivationPrediction>, IntsHash>;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = memo.find(key);
-    if (it != memo.end()) return it->second;
-  }
-  auto p = std::make_shared<const ActivationPrediction>(replay_all(a));
-  std::lock_guard<std::mutex> lock(mu);
-  if (memo.size() > 65536) memo.clear();
-  memo.emplace(key, p);
-  return p;
+  return std::make_shared<const ActivationPrediction>(replay_all(a));
 }
 
 namespace {

@@ -72,8 +72,8 @@ struct ActivationShape {
   /// (the I replay when any state has a pending W), a W only what is held. in_flight is then
   /// unused.
   std::shared_ptr<const std::vector<SimulationResult::InFlightState>> states;
-  /// A number naming `states`' content for the memo (equal numbers only for equal contents; the
-  /// memory model numbers the simulator's lists it caches); 0: the memo reads the content.
+  /// A number naming `states`' content for the replay's cache of state groups (equal numbers
+  /// only for equal contents; the memory model numbers the simulator's lists it caches); 0: none.
   int64_t states_id = 0;
   /// Pipeline parallelism: micro-batches per round, m (0 without pp). The runtime keeps every
   /// started micro-batch's token ids and targets until the round ends and posts one receive
@@ -107,8 +107,8 @@ struct ActivationPrediction {
   std::vector<Group> groups;
 };
 
-/// Replays one training micro-batch (and in_flight − 1 more held) on one rank. Memoized per
-/// shape (the result is shared, immutable).
+/// Replays one training micro-batch (and in_flight − 1 more held) on one rank. The result is
+/// shared and immutable (the memory model caches it per rank shape).
 /// @throws std::invalid_argument for a shape that does not split (tp, cp, ep) or no work.
 std::shared_ptr<const ActivationPrediction> predict_activations(const ActivationShape& shape);
 

@@ -630,7 +630,10 @@ struct ActivationsCache {
 const RankActivations& rank_activations(const std::shared_ptr<const std::vector<RankState>>& states,
                                         const ModelArgs& g, const ActivationKey& key) {
   thread_local ActivationsCache cache;
-  thread_local std::unordered_map<std::array<int64_t, 27>, std::shared_ptr<const ActivationPrediction>, IntsHash> by_rank;
+  // Per (activation inputs, activation split): the predictions made so far, by rank (one
+  // lookup per call: a lookup per rank cost as much as the rest of the memory model).
+  using SplitKey = std::array<int64_t, 26>;
+  thread_local std::unordered_map<SplitKey, std::vector<std::shared_ptr<const ActivationPrediction>>, IntsHash> by_split;
   for (const ActivationsCache::Entry& e : cache.entries)
     if (e.states == states && e.key == key) return e.ranks;
   RankActivations made;
@@ -649,6 +652,17 @@ const RankActivations& rank_activations(const std::shared_ptr<const std::vector<
   // Pipeline ranks of the same shape give the same prediction: (signature, where selective
   // recomputation falls in each stage) of the ranks predicted so far.
   // (Signatures compared as their interned numbers: a pp 64 split compares 2,000 pairs.)
+  thread_local size_t kept = 0;  // predictions held in by_split (bounded)
+  std::vector<std::shared_ptr<const ActivationPrediction>>* known = nullptr;
+  const int64_t split = states->empty() ? 0 : states->front().activation_split_id;  // one per rank_states() result
+  if (split > 0) {
+    SplitKey sk{};
+    std::copy(key.begin(), key.end(), sk.begin());
+    sk[25] = split;
+    if (kept > 65536 && !by_split.count(sk)) by_split.clear(), kept = 0;
+    known = &by_split[sk];
+    known->resize(states->size());
+  }
   std::vector<std::pair<int64_t, std::vector<int64_t>>> seen;
   for (size_t r = 0; r < states->size(); ++r) {
     const RankState& st = (*states)[r];
@@ -659,27 +673,19 @@ const RankActivations& rank_activations(const std::shared_ptr<const std::vector<
     for (const auto& [sig, ph] : seen) repeat |= sig == st.signature_id && ph == phase;
     if (repeat) continue;
     seen.emplace_back(st.signature_id, std::move(phase));
-    // The same rank of a split that differs only in the FSDP group has the same replay: asked
-    // by number before predict_activations' own memo (whose key lists the stages).
-    std::array<int64_t, 27> rank_key{};
-    std::copy(key.begin(), key.end(), rank_key.begin());
-    rank_key[25] = st.activation_split_id;
-    rank_key[26] = int64_t(r);
-    if (st.activation_split_id > 0) {
-      const auto it = by_rank.find(rank_key);
-      if (it != by_rank.end()) {
-        made.emplace_back(r, it->second);
-        continue;
-      }
+    // The same rank of a split that differs only in the FSDP group has the same replay.
+    if (known && (*known)[r]) {
+      made.emplace_back(r, (*known)[r]);
+      continue;
     }
     as.stages = st.stages;
     as.in_flight = st.in_flight;
     as.states = st.in_flight_states;
     as.states_id = st.states_id;
     made.emplace_back(r, predict_activations(as));
-    if (st.activation_split_id > 0) {
-      if (by_rank.size() > 65536) by_rank.clear();
-      by_rank.emplace(rank_key, made.back().second);
+    if (known) {
+      (*known)[r] = made.back().second;
+      ++kept;
     }
   }
   ActivationsCache::Entry& e = cache.entries[cache.next];
@@ -695,7 +701,7 @@ const RankActivations& rank_activations(const std::shared_ptr<const std::vector<
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states_out,
                                 std::shared_ptr<const ActivationPrediction>* act_out, const ModelArgs* given,
-                                std::shared_ptr<const std::vector<RankState>> known) {
+                                std::shared_ptr<const std::vector<RankState>> known, int64_t stop_above) {
   std::optional<ModelArgs> own;  // the caller's when given (the planner's many candidates share one)
   const ModelArgs& args = given ? *given : own.emplace(cfg.model_args());
   const int64_t fsdp = d.dp_shard * d.cp;
@@ -726,6 +732,17 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
   const Zero3Bytes zero3(cfg, beta);  // the ZeRO-3 policy; each rank's kept bytes below
   const int64_t rb = zero3.rb;
   GradBytes grads;  // refilled per rank and state group
+  // Each distinct rank's categories (cheap) first; its total (the phase-by-phase sums, costly)
+  // after, for the ranks in falling order of their bound, so that one rank's total can rule
+  // out the ranks bounded below it.
+  struct Pending {
+    MemoryPrediction m;
+    const RankState* st;
+    const ActivationPrediction* act;
+    int64_t bound, partial, muon_step, during_backward;
+  };
+  thread_local std::vector<Pending> pending;
+  pending.clear();
   for (const auto& [r, shared] : rank_activations(states, args, act_key)) {
     const RankState& st = (*states)[r];
     MemoryPrediction m;
@@ -790,9 +807,6 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     // the cp and ep buffers (during them).
     const int64_t during_backward = zero > 0 ? 0 : m.communication - 4 * partial;
     m.temporaries = cpu ? int64_t(3) * 1024 * 1024 * 4 : 0;
-    // The total (below) is at most the state plus the activations' and the communication
-    // buffers' peaks together: a rank whose bound does not exceed an earlier rank's total cannot
-    // raise the configuration's, and its phase-by-phase sum (the costly part) is skipped.
     // Per category the largest rank (what the run's summary reports).
     best.parameters = std::max(best.parameters, m.parameters);
     best.gradients = std::max(best.gradients, m.gradients);
@@ -800,7 +814,20 @@ MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& d, con
     best.activations = std::max(best.activations, m.activations);
     best.communication = std::max(best.communication, m.communication);
     best.temporaries = std::max(best.temporaries, m.temporaries);
-    if (std::max(m.state() + act.peak + m.communication, m.temporaries) <= best.total) continue;
+    pending.push_back({m, &st, &act, std::max(m.state() + act.peak + m.communication, m.temporaries), partial,
+                       muon_step, during_backward});
+  }
+  // A rank's total is at most the state plus the activations' and the communication buffers'
+  // peaks together: once a total reaches the next rank's bound, no later rank can raise it. Past
+  // `stop_above` the caller needs no exact total (the total is then a lower bound).
+  std::sort(pending.begin(), pending.end(), [](const Pending& x, const Pending& y) { return x.bound > y.bound; });
+  for (Pending& p : pending) {
+    if (p.bound <= best.total || best.total > stop_above) break;
+    const RankState& st = *p.st;
+    const ActivationPrediction& act = *p.act;
+    MemoryPrediction& m = p.m;
+    const int64_t partial = p.partial, muon_step = p.muon_step, during_backward = p.during_backward;
+    const Zero3Bytes z(zero3, st);
     // The total: activations and communication buffers summed phase by phase (each unit's
     // forward and backward), since their peaks fall in different units.
     // Pipelined ZeRO-2/3 (reduce_once_per_step): each group of in-flight states with the

@@ -28,6 +28,7 @@
 /// the start-up measurement of the matmul rate (three 1024² float matrices) sets the peak.
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -119,12 +120,17 @@ std::shared_ptr<const std::vector<RankState>> rank_states(const ModelArgs& args,
 /// the rank with the largest activations (for the time model); `args`, when given, is
 /// cfg.model_args() already computed (the planner's many candidates share one model), and
 /// `known`, when given, rank_states(args, dims, plan, enable_sequence_parallel) already computed
-/// (the planner asks once for the candidates that differ only in other knobs).
+/// (the planner asks once for the candidates that differ only in other knobs). `stop_above`:
+/// once the total is known to exceed it, the remaining ranks' totals are not summed and `total`
+/// is a lower bound, still above stop_above (the planner needs the exact total only of a
+/// configuration that fits, or that may use the least memory of its family); every other
+/// category is exact.
 MemoryPrediction predict_memory(const JobConfig& cfg, const ParallelDims& dims, const PipelinePlan* plan,
                                 std::shared_ptr<const std::vector<RankState>>* states = nullptr,
                                 std::shared_ptr<const ActivationPrediction>* act = nullptr,
                                 const ModelArgs* args = nullptr,
-                                std::shared_ptr<const std::vector<RankState>> known = nullptr);
+                                std::shared_ptr<const std::vector<RankState>> known = nullptr,
+                                int64_t stop_above = std::numeric_limits<int64_t>::max());
 
 /// "parameters 1.2 GiB, gradients …, total …" — one line for logs and tables. Throws nothing.
 std::string describe_memory(const MemoryPrediction& m);

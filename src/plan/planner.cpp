@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <limits>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -187,9 +188,12 @@ struct StatesCache {
 // Predicts `c` (its dims already validated for `cfg`): its memory, and its step time when it
 // fits or `time_unfitting` (a search needs the time of a configuration that does not fit only
 // when it is shown as its family's smallest, and asks again then). Returns whether it timed it.
+// The memory total is exact when it fits or lies below `exact_below`, else a lower bound above
+// both (predict_memory's stop_above).
 bool evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, const HardwareSpec& hw, double limit,
               const std::vector<RankPlace>& places, const ModelArgs& args, StatesCache& cache,
-              double document_tokens, bool time_unfitting = true) {
+              double document_tokens, bool time_unfitting = true,
+              int64_t exact_below = std::numeric_limits<int64_t>::max()) {
   const std::array<int64_t, 5> key = {c.dims.tp, c.dims.ep, c.dims.dp_shard * c.dims.cp, c.dims.pp,
                                       int64_t(cfg.parallelism.enable_sequence_parallel)};
   if (!cache.states || cache.key != key || cache.plan != plan) {
@@ -199,7 +203,8 @@ bool evaluate(const JobConfig& cfg, PlanCandidate& c, const PipelinePlan* plan, 
   }
   std::shared_ptr<const std::vector<RankState>> states;
   std::shared_ptr<const ActivationPrediction> act;
-  c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args, cache.states);
+  c.memory = predict_memory(cfg, c.dims, plan, &states, &act, &args, cache.states,
+                            std::max(exact_below, int64_t(limit)));
   c.fits = double(c.memory.total) <= limit;
   c.headroom = 1.0 - double(c.memory.total) / limit;
   c.grad_accum = cfg.grad_accum_steps(c.dims);
@@ -438,10 +443,25 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             }
                             ++res.valid;
                             c.dims = dims;
+                            // family() formats a string; one per (degrees, ZeRO stage).
+                            const std::array<int64_t, 7> fam_key = {c.dims.dp_replicate, c.dims.dp_shard, c.dims.cp,
+                                                                    c.dims.tp, c.dims.pp, c.dims.ep, c.zero};
+                            auto fam_it = family_of.find(fam_key);
+                            if (fam_it == family_of.end()) {
+                              const auto [by_name, added] = family_by_name.try_emplace(c.family(), families.size());
+                              if (added) families.emplace_back();
+                              fam_it = family_of.emplace(fam_key, by_name->second).first;
+                            }
+                            Family& fam = families[fam_it->second];
+                            // The exact total of a configuration that does not fit matters only
+                            // while it may become its family's smallest (shown when none fits).
+                            const int64_t exact_below = fam.best    ? 0
+                                                        : fam.least ? fam.least->memory.total
+                                                                    : std::numeric_limits<int64_t>::max();
                             bool c_timed = false;
                             try {
                               c_timed = evaluate(cfg, c, plan.get(), hw, res.memory_limit, places, a, states_cache,
-                                                 opts.document_tokens, !timed_one);
+                                                 opts.document_tokens, !timed_one, exact_below);
                               timed_one |= c_timed;
                               if (acm == "none") none_fits = c.fits;
                               // Selective AC when no AC does not fit: the largest N that fits
@@ -457,7 +477,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                                   t.ac_option = std::to_string(everies[mid]);
                                   cfg.activation_checkpoint.selective_ac_option = t.ac_option;
                                   evaluate(cfg, t, plan.get(), hw, res.memory_limit, places, a, states_cache,
-                                           opts.document_tokens, !timed_one);
+                                           opts.document_tokens, !timed_one, 0);
                                   if (!t.fits) {
                                     hi = mid;
                                     continue;
@@ -471,17 +491,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                               ++res.invalid_reasons[std::string("prediction: ") + e.what()];
                               continue;
                             }
-                            // family() formats a string; one per (degrees, ZeRO stage).
-                            const std::array<int64_t, 7> fam_key = {c.dims.dp_replicate, c.dims.dp_shard, c.dims.cp,
-                                                                    c.dims.tp, c.dims.pp, c.dims.ep, c.zero};
-                            auto fam_it = family_of.find(fam_key);
-                            if (fam_it == family_of.end()) {
-                              const auto [by_name, added] = family_by_name.try_emplace(c.family(), families.size());
-                              if (added) families.emplace_back();
-                              fam_it = family_of.emplace(fam_key, by_name->second).first;
-                            }
-                            Family& fam = families[fam_it->second];
-                            if (!fam.least || c.memory.total < fam.least->memory.total) {
+                            if (!fam.best && (!fam.least || c.memory.total < fam.least->memory.total)) {
                               fam.least = c;
                               fam.least_timed = c_timed;
                               fam.least_plan = plan;

@@ -408,10 +408,11 @@ void validate_schedule(const PipelineSchedule& s) {
     if (producer_type == ActionType::kBackwardInput && find(ActionType::kBackward, producer_stage, a.microbatch))
       producer_type = ActionType::kBackward;
     const Where* prod = find(producer_type, producer_stage, a.microbatch);
-    const std::string pname = name(producer_type, producer_stage, a.microbatch);
-    if (!prod) throw ScheduleError(at_rank(r, a) + "needs " + pname + ", which no rank runs");
+    // Named only in an error: the planner validates schedules of 10^5 actions.
+    auto pname = [&] { return name(producer_type, producer_stage, a.microbatch); };
+    if (!prod) throw ScheduleError(at_rank(r, a) + "needs " + pname() + ", which no rank runs");
     if (prod->rank == r) {
-      if (prod->index > i) throw ScheduleError(at_rank(r, a) + "runs before " + pname + ", which it depends on");
+      if (prod->index > i) throw ScheduleError(at_rank(r, a) + "runs before " + pname() + ", which it depends on");
       return;
     }
     const Where* recv = find(recv_type, a.stage, a.microbatch);
@@ -420,7 +421,7 @@ void validate_schedule(const PipelineSchedule& s) {
       throw ScheduleError(at_rank(r, a) + "needs " + name(recv_type, a.stage, a.microbatch) + " before it");
     if (!send || send->index < prod->index)
       throw ScheduleError("rank " + std::to_string(prod->rank) + ": " + name(send_type, producer_stage, a.microbatch) +
-                          " is missing or runs before " + pname + " (needed by " + to_string(a) + " on rank " +
+                          " is missing or runs before " + pname() + " (needed by " + to_string(a) + " on rank " +
                           std::to_string(r) + ")");
   };
   for (int stage = 0; stage < S; ++stage) {
