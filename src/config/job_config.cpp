@@ -202,6 +202,12 @@ std::string JobConfig::dump_folder() const {
   return (std::filesystem::path("checkpoint") / stem).string();
 }
 
+bool JobConfig::sequence_split_holds(const ParallelDims& d) const {
+  if (d.tp <= 1 || !parallelism.enable_sequence_parallel) return true;
+  const int64_t t = training.seq_len;
+  return !(d.cp > 1 && t % (2 * d.cp * d.tp)) && (t / d.cp) % d.tp == 0;
+}
+
 ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   if (world_size < 1) throw ConfigError("world size " + str(world_size) + " must be >= 1");
   const ParallelismSection& p = parallelism;
@@ -244,15 +250,16 @@ ParallelDims JobConfig::validate_layout(int64_t world_size) const {
   if (d.cp > 1 && training.seq_len % (2 * d.cp))
     fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp = " +
                                         str(2 * d.cp) + " (zigzag context parallelism: seq_len % (2·cp) == 0)");
-  if (d.cp > 1 && d.tp > 1 && p.enable_sequence_parallel && training.seq_len % (2 * d.cp * d.tp))
-    fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp·tp = " +
-                                        str(2 * d.cp * d.tp) + " (each cp chunk's tokens are sharded over tp by "
-                                        "sequence parallelism; [parallelism] enable_sequence_parallel = false lifts "
-                                        "the rule)");
-  if (d.tp > 1 && p.enable_sequence_parallel && (training.seq_len / d.cp) % d.tp)
+  if (!sequence_split_holds(d)) {
+    if (d.cp > 1 && training.seq_len % (2 * d.cp * d.tp))
+      fail(*this, "training.seq_len", "seq_len " + str(training.seq_len) + " is not divisible by 2·cp·tp = " +
+                                          str(2 * d.cp * d.tp) + " (each cp chunk's tokens are sharded over tp by "
+                                          "sequence parallelism; [parallelism] enable_sequence_parallel = false lifts "
+                                          "the rule)");
     fail(*this, "training.seq_len", "seq_len / cp = " + str(training.seq_len / d.cp) + " is not divisible by tp " +
                                         str(d.tp) + " (sequence parallelism shards each sample's tokens over tp; "
                                         "[parallelism] enable_sequence_parallel = false lifts the rule)");
+  }
   if (d.cp > 1 && p.context_parallel_rotate_method == "ulysses")
     for (auto [what, heads] : {std::pair{"n_heads", a.n_heads}, std::pair{"n_kv_heads", a.n_kv_heads}})
       if (heads % (d.cp * d.tp))

@@ -311,6 +311,11 @@ struct JobConfig {
   /// layout` needs to lay out any published configuration.
   /// @throws ConfigError as validate().
   ParallelDims validate_layout(int64_t world_size) const;
+  /// Sequence parallelism's token split, as validate_layout() checks it after the degrees, the
+  /// heads and seq_len % (2·cp): with tp > 1 and enable_sequence_parallel, seq_len % (2·cp·tp)
+  /// == 0 when cp > 1 and (seq_len / cp) % tp == 0 (each rank's tokens shard evenly over tp).
+  /// True without sequence parallelism or tp. Throws nothing.
+  bool sequence_split_holds(const ParallelDims& dims) const;
 
   /// The pipeline plan of a validated run (config/pipeline_plan.hpp): the schedule (generated
   /// from pipeline_parallel_schedule, or read from pipeline_parallel_schedule_csv), the stage

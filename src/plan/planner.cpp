@@ -325,6 +325,22 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
   const std::vector<int64_t> div = divisors(n);
   const std::vector<int64_t> everies = selective_every(a.n_layers);
   const ParallelismSection& dp = deck.parallelism;
+  // The inner knobs' lists, made once (the loops below visit them millions of times); each pair:
+  // where the knob varies, and where only its deck value applies.
+  const std::vector<std::string> scheds_pp = pick_s(
+      kSched, {"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble", "ZBVZeroBubble"}, dp.pipeline_parallel_schedule);
+  const std::vector<std::string> scheds_deck = {dp.pipeline_parallel_schedule};
+  const std::vector<std::string> rots_cp = pick_s(kRot, {"allgather", "alltoall"}, dp.context_parallel_rotate_method);
+  const std::vector<std::string> rots_deck = {dp.context_parallel_rotate_method};
+  const std::vector<int64_t> zeros_sharded = pick(kZero, {3, 2, 1}, dp.zero_stage);
+  const std::vector<int64_t> zeros_deck = {dp.zero_stage};
+  // "default" reshards after forward without pp and keeps the gathered parameters with it
+  // (TorchTitan's rule): "never" differs only without pp.
+  const std::vector<std::string> reshards_zero3 = pick_s(kReshard, {"default", "never"}, dp.fsdp_reshard_after_forward);
+  const std::vector<std::string> reshards_other = pick_s(kReshard, {"default"}, dp.fsdp_reshard_after_forward);
+  const std::vector<std::string> reds_bf16 = pick_s(kReduce, {"float32", "bfloat16"}, deck.training.mixed_precision_reduce);
+  const std::vector<std::string> reds_fp32 = pick_s(kReduce, {"float32"}, deck.training.mixed_precision_reduce);
+  const std::vector<std::string> acs = pick_s(kAC, {"none", "selective", "full"}, deck.activation_checkpoint.mode);
   for (int64_t tp : pick(kTP, div, dp.tensor_parallel_degree)) {
     if (a.n_kv_heads % tp || a.n_heads % tp) continue;
     for (int64_t pp : pick(kPP, div, dp.pipeline_parallel_degree)) {
@@ -332,6 +348,12 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
       for (int64_t cp : pick(kCP, div, dp.context_parallel_degree)) {
         if (n % (tp * pp * cp) || (cp > 1 && base.training.seq_len % (2 * cp) != 0)) continue;
         const int64_t dpn = n / (tp * pp * cp);
+        // validate()'s verdict on sequence parallelism's split, reached without an exception
+        // per candidate (the rules before it: the loops' own filters, and the model's heads).
+        ParallelDims split_dims;
+        split_dims.tp = tp;
+        split_dims.cp = cp;
+        const bool split_fails = !base.sequence_split_holds(split_dims) && a.n_heads % a.n_kv_heads == 0;
         for (int64_t dr : pick(kDR, divisors(dpn), dp.data_parallel_replicate_degree)) {
           if (dpn % dr) continue;
           const int64_t ds = dpn / dr;
@@ -347,11 +369,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
             for (int64_t lb : pick(kLB, divisors(global / dpw), deck.training.local_batch_size)) {
               const std::vector<int64_t> mbs = pp > 1 ? divisors(lb) : std::vector<int64_t>{1};
               for (int64_t mb : pick(kMB, mbs, dp.pipeline_parallel_microbatch_size)) {
-                const std::vector<std::string> scheds =
-                    pp > 1 ? std::vector<std::string>{"1F1B", "Interleaved1F1B", "GPipe", "InterleavedZeroBubble",
-                                                      "ZBVZeroBubble"}
-                           : std::vector<std::string>{dp.pipeline_parallel_schedule};
-                for (const std::string& sched : pick_s(kSched, scheds, dp.pipeline_parallel_schedule)) {
+                for (const std::string& sched : pp > 1 ? scheds_pp : scheds_deck) {
                   std::shared_ptr<PipelinePlan> sched_plan;  // this key's, once one candidate is valid
                   // The schedule's own rules (m ≥ pp for 1F1B, …) decide many candidates at
                   // once: ask the memoized verdict validate() reaches, before building any.
@@ -388,25 +406,12 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                       continue;
                     }
                   }
-                  const std::vector<std::string> rots = cp > 1 ? std::vector<std::string>{"allgather", "alltoall"}
-                                                               : std::vector<std::string>{dp.context_parallel_rotate_method};
-                  for (const std::string& rot : pick_s(kRot, rots, dp.context_parallel_rotate_method)) {
-                    const std::vector<int64_t> zeros =
-                        fsdp > 1 ? std::vector<int64_t>{3, 2, 1} : std::vector<int64_t>{dp.zero_stage};
-                    for (int64_t zero : pick(kZero, zeros, dp.zero_stage)) {
-                      // "default" reshards after forward without pp and keeps the gathered
-                      // parameters with it (TorchTitan's rule): "never" differs only without pp.
-                      const std::vector<std::string> reshards = fsdp > 1 && zero == 3 && pp == 1
-                                                                    ? std::vector<std::string>{"default", "never"}
-                                                                    : std::vector<std::string>{"default"};
-                      for (const std::string& rs : pick_s(kReshard, reshards, dp.fsdp_reshard_after_forward)) {
-                        const std::vector<std::string> reds = bf16 && (fsdp > 1 || dr > 1)
-                                                                  ? std::vector<std::string>{"float32", "bfloat16"}
-                                                                  : std::vector<std::string>{"float32"};
-                        for (const std::string& red : pick_s(kReduce, reds, deck.training.mixed_precision_reduce)) {
-                          const std::vector<std::string> acs = {"none", "selective", "full"};
+                  for (const std::string& rot : cp > 1 ? rots_cp : rots_deck) {
+                    for (int64_t zero : fsdp > 1 ? zeros_sharded : zeros_deck) {
+                      for (const std::string& rs : fsdp > 1 && zero == 3 && pp == 1 ? reshards_zero3 : reshards_other) {
+                        for (const std::string& red : bf16 && (fsdp > 1 || dr > 1) ? reds_bf16 : reds_fp32) {
                           bool none_fits = false;  // then selective N > 2 could only be slower
-                          for (const std::string& acm : pick_s(kAC, acs, deck.activation_checkpoint.mode)) {
+                          for (const std::string& acm : acs) {
                             ++res.enumerated;
                             PlanCandidate c = deck_c;
                             c.dims = ParallelDims{dr, ds, cp, tp, pp, ep};
@@ -419,6 +424,10 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             c.reduce_dtype = red;
                             c.ac_mode = acm;
                             if (acm == "selective" && !fixed(kAC)) c.ac_option = "2";
+                            if (split_fails) {
+                              ++res.invalid_reasons["[training] seq_len"];
+                              continue;
+                            }
                             set_keys(cfg, c);
                             std::shared_ptr<PipelinePlan> plan;
                             ParallelDims dims;
