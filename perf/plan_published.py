@@ -172,10 +172,19 @@ def main():
         same = all((x["published_tokens_per_s"] > y["published_tokens_per_s"]) ==
                    (x["predicted_tokens_per_s"] > y["predicted_tokens_per_s"]) for x, y in pairs)
         verdict = "tied (one configuration)" if not pairs else "same" if same else "differs"
-        pm = [r["row"] for r in sorted(t, key=lambda r: r["published_gib"])]
+        # Memory, pair by pair: a pair is a tie when the model predicts one configuration (equal
+        # peaks) or the published peaks lie within 1% of each other (table 2's four rows span
+        # 0.6 GiB of 84: run-to-run noise of the allocator, not an ordering).
+        def mem_tie(x, y):
+            return (abs(x["predicted_gib"] - y["predicted_gib"]) <= 1e-9 * x["predicted_gib"] or
+                    abs(x["published_gib"] - y["published_gib"]) <= 0.01 * max(x["published_gib"], y["published_gib"]))
+        mpairs = [(x, y) for i, x in enumerate(t) for y in t[i + 1:] if not mem_tie(x, y)]
+        msame = all((x["published_gib"] > y["published_gib"]) == (x["predicted_gib"] > y["predicted_gib"])
+                    for x, y in mpairs)
+        mverdict = "tied" if not mpairs else "same" if msame else "differs"
         qm = [r["row"] for r in sorted(t, key=lambda r: r["predicted_gib"])]
         print(f"table {table}: tokens/s order {verdict} ({' > '.join(pred)}); "
-              f"memory order {'same' if pm == qm else 'differs'}")
+              f"memory order {mverdict} ({' < '.join(qm)}; {len(t) * (len(t) - 1) // 2 - len(mpairs)} tied pairs)")
     if a.json:
         json.dump({"rows": rows, "memory_mean_abs_error": mem, "with_torchtitan_loss_mean_abs_error": tt},
                   open(a.json, "w"), indent=1)
