@@ -78,7 +78,7 @@ std::string torchtitan_compat_markdown() {
          "TorchTitan itself ignores them while that feature is off.\n"
          "- **refused**: `meshtrain train` and `meshtrain deck check` stop with exit status 2 and one line: `not "
          "implemented yet` when the value asks for something meshtrain lacks (an MX converter, float8 on the cuda "
-         "device, asynchronous checkpointing, a Mixture-of-Experts model), or the reason when the value cannot mean anything here (a "
+         "device, asynchronous tensor parallelism, a DeepSeek-V3 model), or the reason when the value cannot mean anything here (a "
          "Hugging Face dataset name, a Python module to import). `meshtrain layout` checks only the arithmetic of "
          "the degrees and lays such decks out anyway.\n\n"
          "Nothing is silently ignored: a key that neither TorchTitan nor meshtrain has is an error naming the "
