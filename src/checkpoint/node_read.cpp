@@ -1,6 +1,8 @@
 #include "checkpoint/node_read.hpp"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -28,16 +31,26 @@ struct Op {
   uint64_t begin, end;
 };
 
-// Reads `ops` into a ring of kDepth buffers on kReaders threads of its own, so the disk works on
-// the next requests while the caller sends the current one. A failed read zero-fills its buffer
-// and records the first error (the caller reports it after the collective protocol completes).
+// One piece of a request, in file order: `bytes` bytes landing at `addr` — in the reading rank's
+// own destination where it wants them, else in the request's ring slot.
+struct Segment {
+  uint64_t offset;  // in the file
+  char* addr;
+  uint64_t bytes;
+};
+
+// Reads `ops` on kReaders threads of its own into where `segments[k]` say (one preadv per
+// request: the reading rank's bytes land in place, the rest in a ring of kDepth slots), so the
+// disk works on the next requests while the caller sends the current one. A failed read
+// zero-fills what it did not read and records the first error (the caller reports it after the
+// collective protocol completes).
 class RingReader {
  public:
-  /// `direct[k]`, when not null, is where request k's bytes go instead of a ring slot (a request
-  /// that only the reading rank wants, inside one of its extents: no copy afterwards).
-  RingReader(int fd, const std::vector<Op>& ops, const std::vector<char*>& direct, const std::string& path)
-      : fd_(fd), ops_(ops), direct_(direct), path_(path), slots_(std::min(kDepth, std::max<size_t>(ops.size(), 1))) {
-    for (auto& s : slots_) s.resize(kRequest);
+  /// `segments[k]` covers ops[k] in order; a segment inside slot(k) must lie at its offset in the
+  /// request (slot(k) + file offset − ops[k].begin).
+  RingReader(int fd, const std::vector<Op>& ops, const std::vector<std::vector<Segment>>& segments,
+             std::vector<std::unique_ptr<char[]>>& slots, const std::string& path)
+      : fd_(fd), ops_(ops), segments_(segments), slots_(slots), path_(path) {
     done_.assign(ops.size(), 0);
     for (size_t t = 0; t < kReaders; ++t) threads_.emplace_back([this, t] { run(t); });
   }
@@ -52,11 +65,12 @@ class RingReader {
   RingReader(const RingReader&) = delete;
   RingReader& operator=(const RingReader&) = delete;
 
-  /// Waits until request k is in memory; its bytes stay valid until release(k).
-  const char* wait(size_t k) {
+  /// Request k's ring slot (kRequest bytes; valid until release(k)).
+  static char* slot(std::vector<std::unique_ptr<char[]>>& slots, size_t k) { return slots[k % slots.size()].get(); }
+  /// Waits until request k is in memory; its slot stays valid until release(k).
+  void wait(size_t k) {
     std::unique_lock<std::mutex> l(m_);
     cv_.wait(l, [&] { return done_[k] != 0; });
-    return direct_[k] ? direct_[k] : slots_[k % slots_.size()].data();
   }
   void release(size_t k) {
     {
@@ -71,6 +85,7 @@ class RingReader {
   // Reader t takes requests t, t + kReaders, ...: several preads in flight, as a disk with a
   // queue (NVMe, a virtual disk) serves faster than one request at a time.
   void run(size_t t) {
+    std::vector<iovec> iov;
     for (size_t k = t; k < ops_.size(); k += kReaders) {
       {
         std::unique_lock<std::mutex> l(m_);
@@ -83,21 +98,31 @@ class RingReader {
         const size_t last = std::min(ops_.size(), k + 1 + slots_.size()) - 1;
         ::posix_fadvise(fd_, off_t(ops_[k + 1].begin), off_t(ops_[last].end - ops_[k + 1].begin), POSIX_FADV_WILLNEED);
       }
-      char* p = direct_[k] ? direct_[k] : slots_[k % slots_.size()].data();
-      uint64_t off = ops_[k].begin, n = ops_[k].end - ops_[k].begin;
-      if (fd_ < 0) std::memset(p, 0, n);  // the open failed (reported): keep the protocol going
-      while (n > 0 && fd_ >= 0) {
-        const ssize_t r = ::pread(fd_, p, n, off_t(off));
+      iov.clear();
+      for (const Segment& sg : segments_[k]) iov.push_back({sg.addr, size_t(sg.bytes)});
+      uint64_t off = ops_[k].begin;
+      size_t first = 0;  // the first iovec not wholly read
+      while (first < iov.size() && fd_ >= 0) {
+        const int n = int(std::min<size_t>(iov.size() - first, IOV_MAX));
+        const ssize_t r = ::preadv(fd_, iov.data() + first, n, off_t(off));
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
           const std::string what = r == 0 ? std::string("unexpected end of file (truncated?)") : std::strerror(errno);
           std::lock_guard<std::mutex> g(m_);
           if (error_.empty()) error_ = path_ + ": " + what;
-          std::memset(p, 0, n);
           break;
         }
-        p += r, off += uint64_t(r), n -= uint64_t(r);
+        off += uint64_t(r);
+        for (uint64_t left = uint64_t(r); left > 0 && first < iov.size();) {
+          const uint64_t take = std::min<uint64_t>(left, iov[first].iov_len);
+          iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + take;
+          iov[first].iov_len -= take;
+          left -= take;
+          if (iov[first].iov_len == 0) ++first;
+        }
       }
+      // What was not read (the open or a read failed, reported): zeros, to keep the protocol going.
+      for (size_t i = first; i < iov.size(); ++i) std::memset(iov[i].iov_base, 0, iov[i].iov_len);
       {
         std::lock_guard<std::mutex> g(m_);
         done_[k] = 1;
@@ -108,9 +133,9 @@ class RingReader {
 
   int fd_;
   const std::vector<Op>& ops_;
-  const std::vector<char*>& direct_;
+  const std::vector<std::vector<Segment>>& segments_;
+  std::vector<std::unique_ptr<char[]>>& slots_;
   std::string path_, error_;
-  std::vector<std::vector<char>> slots_;
   std::mutex m_;
   std::condition_variable cv_;
   std::vector<char> done_;  // per request: in memory
@@ -203,6 +228,7 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     else ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   }
   uint64_t disk_bytes = 0;
+  std::vector<std::unique_ptr<char[]>> slots;  // the reading rank's ring (kDepth requests), made once
   size_t next = 0;  // first extent of `mine` not wholly before the window
   for (uint64_t lo = 0; lo < file_size; lo += kWindow) {
     const uint64_t hi = std::min(file_size, lo + kWindow);
@@ -270,37 +296,57 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     }
     std::vector<ExtentCursor> cursors(nodes);
     for (size_t r = 0; r < nodes; ++r) cursors[r].list = &lists[r];
-    // Request k's messages are sent from its ring slot; the slot is released once they complete,
-    // one request later, so sending overlaps the next request's packing and the disk's reads.
-    // Requests that only this rank wants, inside one of its own extents, are read in place.
-    std::vector<char*> direct(ops.size(), nullptr);
+    // Where each request's bytes land: this rank's own wanted bytes straight in its destinations
+    // (one preadv per request: no copy afterwards, which had cost as much CPU as the hashing), the
+    // rest in the request's ring slot. Other ranks' messages are sent from wherever their bytes
+    // landed; a slot is released once its request's sends complete, one request later, so
+    // sending overlaps the next request's packing and the disk's reads.
+    if (slots.empty())
+      for (size_t i = 0; i < kDepth; ++i) slots.emplace_back(new char[kRequest]);  // untouched until used
+    std::vector<std::vector<Segment>> segments(ops.size());
     {
-      std::vector<ExtentCursor> probe = cursors;
+      ExtentCursor own = cursors[0];
       for (size_t k = 0; k < ops.size(); ++k) {
-        size_t pieces = 0;
-        char* at = nullptr;
-        for (size_t r = 0; r < nodes; ++r)
-          probe[r].take(ops[k].begin, ops[k].end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
-            ++pieces;
-            if (r == 0 && from == ops[k].begin && n == ops[k].end - ops[k].begin) at = e.dst + (from - e.offset);
-          });
-        if (pieces == 1 && at) direct[k] = at;
+        const Op& op = ops[k];
+        char* slot = RingReader::slot(slots, k);
+        uint64_t at = op.begin;
+        auto gap_to = [&](uint64_t to) {
+          if (to > at) segments[k].push_back({at, slot + (at - op.begin), to - at});
+          at = std::max(at, to);
+        };
+        own.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+          gap_to(from);
+          segments[k].push_back({from, e.dst + (from - e.offset), n});
+          at = from + n;
+        });
+        gap_to(op.end);
       }
     }
+    // The pieces of [from, from + n) as they landed (`segs` covers a request in file order).
+    auto landed = [](const std::vector<Segment>& segs, uint64_t from, uint64_t n, std::vector<Block>& out) {
+      auto it = std::upper_bound(segs.begin(), segs.end(), from,
+                                 [](uint64_t o, const Segment& sg) { return o < sg.offset; });
+      for (--it; n > 0; ++it) {
+        const uint64_t skip = from - it->offset, take = std::min(n, it->bytes - skip);
+        if (!out.empty() && out.back().addr + out.back().bytes == it->addr + skip) out.back().bytes += take;
+        else out.push_back({it->addr + skip, take});
+        from += take, n -= take;
+      }
+    };
     // Packed messages of request k live in packed[k % 2] until its sends complete (one request later).
     std::vector<std::vector<char>> packed[2] = {std::vector<std::vector<char>>(nodes), std::vector<std::vector<char>>(nodes)};
     std::vector<MPI_Request> pending, sending;
-    RingReader ring(fd, ops, direct, path);
+    RingReader ring(fd, ops, segments, slots, path);
     for (size_t k = 0; k < ops.size(); ++k) {
-      const char* buf = ring.wait(k);
+      ring.wait(k);
       const Op& op = ops[k];
       disk_bytes += op.end - op.begin;
-      if (observe) observe(op.begin, buf, op.end - op.begin);
-      for (size_t r = 0; r < nodes; ++r) {
+      if (observe)
+        for (const Segment& sg : segments[k]) observe(sg.offset, sg.addr, sg.bytes);
+      for (size_t r = 1; r < nodes; ++r) {
         std::vector<Block> blocks;
-        cursors[r].take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
-          if (r != 0) blocks.push_back({const_cast<char*>(buf) + (from - op.begin), n});
-          else if (!direct[k]) std::memcpy(e.dst + (from - e.offset), buf + (from - op.begin), n);
+        cursors[r].take(op.begin, op.end, [&](const FileExtent&, uint64_t from, uint64_t n) {
+          landed(segments[k], from, n, blocks);
         });
         if (blocks.empty()) continue;
         const char* from = blocks[0].addr;
