@@ -2,7 +2,6 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -13,20 +12,7 @@
 namespace meshtrain {
 
 namespace {
-constexpr size_t kHugePage = size_t(2) << 20;
-// Blocks of 2 MiB or more are 2 MiB-aligned and asked for as transparent huge pages (Linux's
-// default policy "madvise" gives them only on request): their first touch then faults once per
-// 2 MiB instead of once per 4 KiB page. A checkpoint load writes every byte of the optimizer
-// state into memory nothing has touched yet, and those faults were half of its CPU time; the
-// training step's large operands get fewer TLB misses too. Where the kernel has no huge page
-// (or no THP at all), madvise fails or is ignored and the block stays in small pages.
-void* aligned_raw_alloc(size_t bytes) {
-  if (bytes < kHugePage) return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-  const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* p = std::aligned_alloc(kHugePage, size);
-  if (p) ::madvise(p, size, MADV_HUGEPAGE);
-  return p;
-}
+void* aligned_raw_alloc(size_t bytes) { return std::aligned_alloc(64, (bytes + 63) / 64 * 64); }
 void aligned_raw_free(void* p, size_t) { std::free(p); }
 }  // namespace
 
