@@ -4,7 +4,8 @@
 /// rank as the aggregator. Every rank lists the byte ranges it wants; the node's first rank
 /// gathers the node's lists, reads their union front to back in requests of up to 8 MiB
 /// (ranges less than 1 MiB apart are read as one; two reader threads keep up to 8 requests in
-/// flight), and sends each rank its bytes, in offset order. The disk then sees one large
+/// flight, each request one preadv that lands the reader's own bytes in place and the rest in a
+/// ring slot), and sends each other rank its bytes, in offset order, from where they landed. The disk then sees one large
 /// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
 /// of row-sized requests per rank; ranks that want the same bytes (DDP, ZeRO-1/2) share one read.
 /// The work goes in windows of the file (256 MiB), so the reader's bookkeeping is bounded by the
