@@ -9,6 +9,7 @@
 #include <optional>
 #include <string_view>
 
+#include "config/option_registry.hpp"
 #include "config/pipeline_plan.hpp"
 #include "config/toml_value.hpp"
 #include "parallel/pipeline/schedule.hpp"
@@ -354,6 +355,11 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
         split_dims.tp = tp;
         split_dims.cp = cp;
         const bool split_fails = !base.sequence_split_holds(split_dims) && a.n_heads % a.n_kv_heads == 0;
+        // Counted under the key validate() names, as its messages are cut below ("[training] seq_len").
+        static const std::string seq_reason = [] {
+          const std::string label = key_label("training.seq_len");
+          return label.substr(0, label.find(':'));
+        }();
         for (int64_t dr : pick(kDR, divisors(dpn), dp.data_parallel_replicate_degree)) {
           if (dpn % dr) continue;
           const int64_t ds = dpn / dr;
@@ -425,7 +431,7 @@ PlanResult run_plan(const JobConfig& deck, const PlanOptions& opts) {
                             c.ac_mode = acm;
                             if (acm == "selective" && !fixed(kAC)) c.ac_option = "2";
                             if (split_fails) {
-                              ++res.invalid_reasons["[training] seq_len"];
+                              ++res.invalid_reasons[seq_reason];
                               continue;
                             }
                             set_keys(cfg, c);
