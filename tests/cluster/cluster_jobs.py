@@ -147,7 +147,23 @@ def placement(a, cl, st):
                        text=True, capture_output=True, cwd=ROOT)
     same = r.returncode == 0 and list(csv.DictReader(open(f"{out}/predicted.csv"))) == rows
     print(f"meshtrain layout --topology (scontrol show topology) gives the job's placement: {same}")
+    if not (ok and same):
+        dump_failure(cl, log)
     return ok and same
+
+
+def dump_failure(cl, log):
+    """What a failed job leaves: its log's tail (Open MPI prints a crashed rank's backtrace there)
+    and each node's slurmd lines about tasks that died by a signal."""
+    text = open(log).read() if os.path.exists(log) else "(no job log)"
+    print(f"--- {log} (last 60 lines)")
+    print("\n".join(text.splitlines()[-60:]))
+    logs = os.path.join(os.path.dirname(cl.env["SLURM_CONF"]), "..", "log")
+    for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+        if name.startswith("slurmd-"):
+            lines = [l for l in open(os.path.join(logs, name), errors="replace") if "died by signal" in l]
+            for l in lines[-3:]:
+                print(f"--- {name}: {l.rstrip()}")
 
 
 def failure(a, cl, st, how):
@@ -160,11 +176,19 @@ def failure(a, cl, st, how):
                           f"--job.dump_folder={out}/run"], out)
     metrics = f"{out}/run/metrics.jsonl"
     end = time.time() + 120
+    ended = False
     while time.time() < end and (not os.path.exists(metrics) or len(losses(metrics)) < 15):
+        # A step that ended before the failure was injected is the job's own failure: say so now,
+        # not after the deadline.
+        if ended or (os.path.exists(log) and "not a node failure, not relaunched" in open(log).read()):
+            break
+        ended = cl.wait(job, 0.01) != "TIMEOUT"
         time.sleep(0.2)
-    trained = max(losses(metrics)) if os.path.exists(metrics) else 0
+    trained = max(losses(metrics), default=0) if os.path.exists(metrics) else 0
     if trained < 15:
-        sys.exit(f"the job did not reach step 15 in 120 s ({trained} steps)")
+        print(f"the job did not reach step 15 ({trained} steps); job {job}: {cl.job_field(job, 'JobState')}")
+        dump_failure(cl, log)
+        sys.exit(1)
     victim = 3
     t_fail = time.time()
     subprocess.run([f"{SLURM}/multinode-node.sh", "kill" if how == "node_kill" else "cut", str(victim)], check=True)
@@ -207,6 +231,8 @@ def failure(a, cl, st, how):
     ok &= t_again is not None and trained - 10 <= 10
     r = subprocess.run([f"{SLURM}/multinode-node.sh", "restore", str(victim)], text=True, capture_output=True)
     print(f"node {node} restored: {r.returncode == 0}")
+    if not ok:
+        dump_failure(cl, log)
     return ok
 
 

@@ -8,6 +8,7 @@
 
 #include "data/corpus_reader.hpp"
 #include "util/errors.hpp"
+#include "scratch_dir.hpp"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -15,9 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path dir() {
-  static const fs::path d = fs::temp_directory_path() / ("meshtrain_test_corpus_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
+  return meshtrain::testing::scratch_dir("meshtrain_test_corpus");
 }
 
 std::string write(const std::string& name, const std::string& text) {

@@ -15,6 +15,7 @@
 #include "data/stats.hpp"
 #include "data/token_store_writer.hpp"
 #include "util/errors.hpp"
+#include "scratch_dir.hpp"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -22,9 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path tmp_dir() {
-  static const fs::path d = fs::temp_directory_path() / ("meshtrain_test_data_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
+  return meshtrain::testing::scratch_dir("meshtrain_test_data");
 }
 
 std::vector<Document> synthetic_docs(int n) {

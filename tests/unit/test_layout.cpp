@@ -11,6 +11,7 @@
 #include "topology/hostlist.hpp"
 #include "util/errors.hpp"
 #include "util/rng.hpp"
+#include "scratch_dir.hpp"
 
 using namespace meshtrain;
 
@@ -18,8 +19,7 @@ namespace {
 
 std::string write_file(const std::string& text) {
   static int n = 0;
-  const auto p = std::filesystem::temp_directory_path() /
-                 ("meshtrain_topo_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".conf");
+  const auto p = meshtrain::testing::scratch_dir("meshtrain_topo") / ("topology_" + std::to_string(n++) + ".conf");
   std::ofstream(p) << text;
   return p.string();
 }

@@ -14,6 +14,7 @@
 
 #include "metrics/tensorboard_writer.hpp"
 #include "metrics/tfrecord.hpp"
+#include "scratch_dir.hpp"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -21,7 +22,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path tmp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("meshtrain_test_tb_" + std::to_string(::getpid())) / name;
+  const fs::path d = meshtrain::testing::scratch_dir("meshtrain_test_tb") / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

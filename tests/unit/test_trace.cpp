@@ -13,6 +13,7 @@
 #include "metrics/chrome_trace.hpp"
 #include "metrics/step_profiler.hpp"
 #include "util/trace.hpp"
+#include "scratch_dir.hpp"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -21,7 +22,7 @@ using nlohmann::json;
 namespace {
 
 fs::path tmp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("meshtrain_test_trace_" + std::to_string(::getpid())) / name;
+  const fs::path d = meshtrain::testing::scratch_dir("meshtrain_test_trace") / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
