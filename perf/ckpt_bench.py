@@ -11,9 +11,9 @@ checkpoint (parameters + AdamW's two moments, fp32; default dim 512, 8 layers, v
         checksums (checkpoint_load record);
   dd:   `dd bs=4M conv=fdatasync` writing the same number of bytes to the same directory, then
         `dd bs=4M` reading them back, once before and once after each meshtrain save / load;
-        and `dd bs=4M` reading the checkpoint file itself (evicted), twice before each load —
-        the reference for loads: the same bytes where they lie on the disk (on this VM a file dd
-        has just written sequentially reads up to 1.6x faster than the checkpoint file).
+        and `dd bs=4M` reading the checkpoint file itself (evicted), twice right before each
+        load — the reference for loads: the same bytes where they lie on the disk (on this VM a
+        file dd has just written sequentially reads up to 1.6x faster than the checkpoint file).
 --async-cost instead measures what saving costs the training loop: for each rank count, runs of
 --steps steps saving every --interval steps without checkpoints, with synchronous saves and with
 [checkpoint] async_mode = "async", interleaved and repeated --repeat times. Per run: the mean
@@ -29,8 +29,10 @@ are left out. The median over the repeats is reported.
 every rank reads other hyperslabs than the writer's (the restart on a new allocation).
 
 Each is repeated --repeat times (default 3) and the best of each is compared (a shared disk's rate
-swings between runs; the best is the least disturbed). Prints MB/s and the ratio to dd, with the
-spread (slowest / best) of both sides; writes JSON. A benchmark, not a test: nothing asserts on time.
+swings between runs; the best is the least disturbed). Loads are also compared run by run with
+the dd read just before each (the disk's rate drifts over minutes, and the best of six dd reads
+against the best of three loads favours dd); the median of these paired ratios is printed too.
+Prints MB/s and the ratio to dd, with the spread (slowest / best) of both sides; writes JSON. A benchmark, not a test: nothing asserts on time.
 Before every read (meshtrain's load and dd's) the file's pages are evicted from the page cache with
 posix_fadvise(POSIX_FADV_DONTNEED) (no privileges needed; the files are synced, so the pages are
 clean), so both read from the disk — a restart on a new allocation does too. --cached keeps the
@@ -60,10 +62,10 @@ def run_train(args, data, folder, n, steps, extra=(), global_batch=None):
            f"--job.dump_folder={folder}", "--validation.enable=false", "--metrics.log_freq=1",
            f"--model.dim={args.dim}", f"--model.n_layers={args.layers}", "--model.n_heads=8", "--model.n_kv_heads=8",
            f"--model.vocab_size={args.vocab}", "--training.local_batch_size=1", f"--training.seq_len={args.seq_len}",
-           f"--training.global_batch_size={global_batch or n}", f"--training.steps={steps}", "--checkpoint.keep_latest_k=1"]
+           f"--training.global_batch_size={global_batch or n}", f"--training.steps={steps}"]
     # extra's own checkpoint switches replace the defaults (a key may be given once)
-    cmd += [a for a in ("--checkpoint.enable=true", "--checkpoint.interval=1") if a.split("=")[0] not in
-            {e.split("=")[0] for e in extra}] + list(extra)
+    cmd += [a for a in ("--checkpoint.enable=true", "--checkpoint.interval=1", "--checkpoint.keep_latest_k=1")
+            if a.split("=")[0] not in {e.split("=")[0] for e in extra}] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
@@ -188,19 +190,23 @@ def main():
     for i, n in enumerate(args.ranks):
         m = args.ranks[(i + 1) % len(args.ranks)] if args.elastic else n  # the rank count that loads
         folder = os.path.join(base, f"np{n}")
-        saves, loads, dd_ws, dd_rs, dd_same = [], [], [], [], []
+        saves, loads, dd_ws, dd_rs, dd_same, paired = [], [], [], [], [], []
         dd_file = os.path.join(base, "dd.bin")
         for _ in range(args.repeat):
             shutil.rmtree(folder, ignore_errors=True)
             save = [r for r in run_train(args, data, folder, n, 1, global_batch=gb) if r.get("event") == "checkpoint_save"][-1]
             w0, r0 = dd(args, dd_file, save["bytes"])
             ckpt = os.path.join(folder, "checkpoints", "step-00000001.h5")
-            same0, same1 = dd_read(args, ckpt), dd_read(args, ckpt)  # the load's next run replaces the file
+            # dd reads the checkpoint twice, the second time right before the load, which is
+            # compared with that read: the same bytes, in the same minute and cache state (a dd
+            # read after the load is slower here, whose run has just written its own checkpoint).
+            same0, same1 = dd_read(args, ckpt), dd_read(args, ckpt)  # the load's run replaces the file
             if not args.cached:
                 evict(ckpt)
             load = next(r for r in run_train(args, data, folder, m, 2, global_batch=gb) if r.get("event") == "checkpoint_load")
             w1, r1 = dd(args, dd_file, save["bytes"])
             dd_same += [same0, same1]
+            paired.append(save["bytes"] / 1e6 / load["seconds"] / same1)
             saves.append(save["seconds"])
             loads.append(load["seconds"])
             dd_ws += [w0, w1]
@@ -216,13 +222,17 @@ def main():
         row["save_vs_dd"] = row["save_mb_s"] / row["dd_write_best_mb_s"]
         row["load_vs_dd"] = row["load_mb_s"] / row["dd_read_ckpt_best_mb_s"]
         row["load_vs_dd_fresh_file"] = row["load_mb_s"] / row["dd_read_best_mb_s"]
+        row["load_vs_dd_paired"] = paired
+        row["load_vs_dd_paired_median"] = sorted(paired)[len(paired) // 2]
         rows.append(row)
         print(f"{n} ranks{f' (loaded on {m})' if m != n else ''}: {mb:.0f} MB  save {row['save_mb_s']:.0f} MB/s (spread {max(saves) / min(saves):.1f}x) = "
               f"{row['save_vs_dd']:.2f}x dd write {row['dd_write_best_mb_s']:.0f} (spread "
               f"{max(dd_ws) / min(dd_ws):.1f}x)  load {row['load_mb_s']:.0f} MB/s (spread {max(loads) / min(loads):.1f}x) = "
               f"{row['load_vs_dd']:.2f}x dd reading the checkpoint {row['dd_read_ckpt_best_mb_s']:.0f} (spread "
               f"{max(dd_same) / min(dd_same):.1f}x); dd reading its own fresh file {row['dd_read_best_mb_s']:.0f} "
-              f"(spread {max(dd_rs) / min(dd_rs):.1f}x, load {row['load_vs_dd_fresh_file']:.2f}x of it)", flush=True)
+              f"(spread {max(dd_rs) / min(dd_rs):.1f}x, load {row['load_vs_dd_fresh_file']:.2f}x of it)\n"
+              f"  load / dd of the checkpoint read just before it, per run: "
+              f"{' '.join(f'{x:.2f}' for x in paired)} (median {row['load_vs_dd_paired_median']:.2f}x)", flush=True)
     write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base,
                              "elastic": args.elastic, "rows": rows})
 

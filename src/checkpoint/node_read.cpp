@@ -23,6 +23,7 @@ namespace {
 constexpr uint64_t kWindow = uint64_t(256) << 20;  // file bytes per round: bounds the reader's bookkeeping
 constexpr uint64_t kRequest = uint64_t(8) << 20;   // one pread at most
 constexpr uint64_t kGap = uint64_t(1) << 20;       // read across a hole this small rather than seek
+constexpr uint64_t kOwnMessage = uint64_t(64) << 10;  // a piece this large travels alone, into place
 constexpr int kTag = 0x4d54;
 constexpr size_t kReaders = 2;                     // preads in flight
 constexpr size_t kDepth = 8;                       // requests read ahead of the one being sent
@@ -194,9 +195,9 @@ uint64_t total_bytes(const std::vector<Block>& blocks) {
 // nothing else to do, and on a node with more ranks than cores (or a reader thread beside them)
 // a spinning receiver takes the core the reader needs. Messages are megabytes, so the delay is
 // negligible.
-void wait_politely(MPI_Request& req) {
+void wait_politely(std::vector<MPI_Request>& reqs) {
   for (int done = 0;;) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
     if (done) return;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -275,22 +276,33 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     if (!reader()) {
       ExtentCursor cur{&clip};
       std::vector<char> staging;
+      std::vector<Block> small;
+      std::vector<MPI_Request> reqs;
       for (const Op& op : ops) {
-        std::vector<Block> blocks;
+        // This rank's pieces of the request, as the reader sends them: a large piece arrives
+        // alone straight into its tensor (one copy, CMA, where packing cost two more), the small
+        // ones together in one message, unpacked here. A contiguous buffer per message lets the
+        // transport copy once, where a derived datatype would go through its fragment pipeline.
+        small.clear();
+        reqs.clear();
         cur.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
-          blocks.push_back({e.dst + (from - e.offset), n});
+          char* dst = e.dst + (from - e.offset);
+          if (n >= kOwnMessage) {
+            reqs.emplace_back();
+            MPI_Irecv(dst, int(n), MPI_BYTE, 0, kTag, node_, &reqs.back());
+          } else {
+            small.push_back({dst, n});
+          }
         });
-        if (blocks.empty()) continue;
-        // One run (the common case: FSDP shards are whole rows) lands in place; several are
-        // unpacked. A contiguous buffer lets the transport copy once (CMA, for large messages),
-        // where a derived datatype would go through its fragment pipeline.
-        const uint64_t n = total_bytes(blocks);
-        if (blocks.size() > 1) staging.resize(n);
-        MPI_Request req;
-        MPI_Irecv(blocks.size() > 1 ? staging.data() : blocks[0].addr, int(n), MPI_BYTE, 0, kTag, node_, &req);
-        wait_politely(req);
-        for (size_t b = 0, at = 0; b < blocks.size() && blocks.size() > 1; at += blocks[b].bytes, ++b)
-          std::memcpy(blocks[b].addr, staging.data() + at, blocks[b].bytes);
+        if (!small.empty()) {
+          staging.resize(total_bytes(small));
+          reqs.emplace_back();
+          MPI_Irecv(staging.data(), int(staging.size()), MPI_BYTE, 0, kTag, node_, &reqs.back());
+        }
+        if (reqs.empty()) continue;
+        wait_politely(reqs);
+        for (size_t b = 0, at = 0; b < small.size(); at += small[b].bytes, ++b)
+          std::memcpy(small[b].addr, staging.data() + at, small[b].bytes);
       }
       continue;
     }
@@ -334,7 +346,8 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
       }
     };
     // Packed messages of request k live in packed[k % 2] until its sends complete (one request later).
-    std::vector<std::vector<char>> packed[2] = {std::vector<std::vector<char>>(nodes), std::vector<std::vector<char>>(nodes)};
+    std::vector<std::vector<std::vector<char>>> packed[2] = {std::vector<std::vector<std::vector<char>>>(nodes),
+                                                             std::vector<std::vector<std::vector<char>>>(nodes)};
     std::vector<MPI_Request> pending, sending;
     RingReader ring(fd, ops, segments, slots, path);
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -344,22 +357,29 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
       if (observe)
         for (const Segment& sg : segments[k]) observe(sg.offset, sg.addr, sg.bytes);
       for (size_t r = 1; r < nodes; ++r) {
-        std::vector<Block> blocks;
+        // As the receiver expects them: each large piece in a message of its own, sent from where
+        // it landed (packed only when it landed in several places), then the small ones packed.
+        std::vector<std::vector<char>>& bufs = packed[k % 2][r];
+        bufs.clear();
+        std::vector<Block> small;
+        auto send = [&](const std::vector<Block>& blocks) {
+          const char* from = blocks[0].addr;
+          if (blocks.size() > 1) {
+            std::vector<char>& out = bufs.emplace_back(total_bytes(blocks));
+            for (size_t b = 0, at = 0; b < blocks.size(); at += blocks[b].bytes, ++b)
+              std::memcpy(out.data() + at, blocks[b].addr, blocks[b].bytes);
+            from = out.data();
+          }
+          sending.emplace_back();
+          MPI_Isend(from, int(total_bytes(blocks)), MPI_BYTE, int(r), kTag, node_, &sending.back());
+        };
         cursors[r].take(op.begin, op.end, [&](const FileExtent&, uint64_t from, uint64_t n) {
-          landed(segments[k], from, n, blocks);
+          if (n < kOwnMessage) return landed(segments[k], from, n, small);
+          std::vector<Block> piece;
+          landed(segments[k], from, n, piece);
+          send(piece);
         });
-        if (blocks.empty()) continue;
-        const char* from = blocks[0].addr;
-        const uint64_t n = total_bytes(blocks);
-        if (blocks.size() > 1) {  // packed, as the receiver unpacks (see there)
-          std::vector<char>& out = packed[k % 2][r];
-          out.resize(n);
-          for (size_t b = 0, at = 0; b < blocks.size(); at += blocks[b].bytes, ++b)
-            std::memcpy(out.data() + at, blocks[b].addr, blocks[b].bytes);
-          from = out.data();
-        }
-        sending.emplace_back();
-        MPI_Isend(from, int(n), MPI_BYTE, int(r), kTag, node_, &sending.back());
+        if (!small.empty()) send(small);
       }
       MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
       if (k > 0) ring.release(k - 1);

@@ -5,7 +5,9 @@
 /// gathers the node's lists, reads their union front to back in requests of up to 8 MiB
 /// (ranges less than 1 MiB apart are read as one; two reader threads keep up to 8 requests in
 /// flight, each request one preadv that lands the reader's own bytes in place and the rest in a
-/// ring slot), and sends each other rank its bytes, in offset order, from where they landed. The disk then sees one large
+/// ring slot), and sends each other rank its bytes, in offset order, from where they landed: a
+/// piece of 64 KiB or more in a message of its own, received straight into its destination; the smaller
+/// ones of a request packed into one message. The disk then sees one large
 /// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
 /// of row-sized requests per rank; ranks that want the same bytes (DDP, ZeRO-1/2) share one read.
 /// The work goes in windows of the file (256 MiB), so the reader's bookkeeping is bounded by the

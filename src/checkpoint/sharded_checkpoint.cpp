@@ -1,6 +1,6 @@
 #include "checkpoint/sharded_checkpoint.hpp"
 
-#include <xxhash.h>
+#include "checkpoint/xxh3_dispatch.hpp"
 
 #include <algorithm>
 #include <cmath>

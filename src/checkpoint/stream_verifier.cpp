@@ -1,4 +1,5 @@
 #include "checkpoint/stream_verifier.hpp"
+#include "checkpoint/xxh3_dispatch.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -363,6 +363,9 @@ void Trainer::resume() {
   // Resume: the checkpoint `latest` names (or load_step's) is read into this layout's shards,
   // whatever layout wrote it (every rank reads the hyperslabs it now owns).
   ckpt_dir_ = (out_dir_ / cfg_.checkpoint.folder).string();  // an absolute folder wins
+  // The load's time starts once every rank is here, so that checkpoint_load's seconds are the
+  // load's own, not the lag of the slowest rank's set-up (model init, on a shared core).
+  world_.barrier();
   const auto t_load = Clock::now();
   std::optional<std::string> from;
   if (cfg_.checkpoint.enable)
