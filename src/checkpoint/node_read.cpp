@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -27,6 +28,7 @@ constexpr uint64_t kOwnMessage = uint64_t(64) << 10;  // a piece this large trav
 constexpr int kTag = 0x4d54;
 constexpr size_t kReaders = 2;                     // preads in flight
 constexpr size_t kDepth = 8;                       // requests read ahead of the one being sent
+constexpr size_t kSendLag = 4;                     // requests whose sends may still be in flight
 
 struct Op {
   uint64_t begin, end;
@@ -311,8 +313,8 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     // Where each request's bytes land: this rank's own wanted bytes straight in its destinations
     // (one preadv per request: no copy afterwards, which had cost as much CPU as the hashing), the
     // rest in the request's ring slot. Other ranks' messages are sent from wherever their bytes
-    // landed; a slot is released once its request's sends complete, one request later, so
-    // sending overlaps the next request's packing and the disk's reads.
+    // landed; a slot is released once its request's sends complete, so sending overlaps the next
+    // requests' hashing and the disk's reads.
     if (slots.empty())
       for (size_t i = 0; i < kDepth; ++i) slots.emplace_back(new char[kRequest]);  // untouched until used
     std::vector<std::vector<Segment>> segments(ops.size());
@@ -345,11 +347,28 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
         from += take, n -= take;
       }
     };
-    // Packed messages of request k live in packed[k % 2] until its sends complete (one request later).
-    std::vector<std::vector<std::vector<char>>> packed[2] = {std::vector<std::vector<std::vector<char>>>(nodes),
-                                                             std::vector<std::vector<std::vector<char>>>(nodes)};
-    std::vector<MPI_Request> pending, sending;
+    // Request k's sends stay in flight while the next ones are read and sent, up to kSendLag
+    // requests behind (a receiver sharing a core with the reader's threads copies late at times;
+    // waiting for it at once would stall the reader). Its slot is released, and its packed
+    // messages (packed[k % kDepth]) freed, once they complete.
+    std::vector<std::vector<std::vector<std::vector<char>>>> packed(kDepth, std::vector<std::vector<std::vector<char>>>(nodes));
+    std::deque<std::pair<size_t, std::vector<MPI_Request>>> in_flight;
+    std::vector<MPI_Request> sending;
     RingReader ring(fd, ops, segments, slots, path);
+    auto retire = [&](bool all) {
+      while (!in_flight.empty()) {
+        std::vector<MPI_Request>& reqs = in_flight.front().second;
+        if (all || in_flight.size() > kSendLag) {
+          MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+        } else {
+          int done = 0;
+          MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+          if (!done) return;
+        }
+        ring.release(in_flight.front().first);
+        in_flight.pop_front();
+      }
+    };
     for (size_t k = 0; k < ops.size(); ++k) {
       ring.wait(k);
       const Op& op = ops[k];
@@ -359,7 +378,7 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
       for (size_t r = 1; r < nodes; ++r) {
         // As the receiver expects them: each large piece in a message of its own, sent from where
         // it landed (packed only when it landed in several places), then the small ones packed.
-        std::vector<std::vector<char>>& bufs = packed[k % 2][r];
+        std::vector<std::vector<char>>& bufs = packed[k % kDepth][r];
         bufs.clear();
         std::vector<Block> small;
         auto send = [&](const std::vector<Block>& blocks) {
@@ -381,12 +400,11 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
         });
         if (!small.empty()) send(small);
       }
-      MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
-      if (k > 0) ring.release(k - 1);
-      pending.swap(sending);
+      in_flight.emplace_back(k, std::move(sending));
       sending.clear();
+      retire(false);
     }
-    MPI_Waitall(int(pending.size()), pending.data(), MPI_STATUSES_IGNORE);
+    retire(true);
     if (error.empty()) error = ring.error();
   }
   if (fd >= 0) ::close(fd);
