@@ -293,17 +293,17 @@ void Trainer::build_model() {
       std::vector<std::unique_ptr<GradientSync>> parts;
       for (auto [opt, comm] : {std::pair{&dense, pc_.fsdp}, std::pair{&experts, pc_.efsdp}}) {
         auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *comm, pc_.dp_replicate, *opt);
-        sdp->init_weights(uint64_t(cfg_.training.seed));
+        init_weights_.push_back([s = sdp.get(), seed = uint64_t(cfg_.training.seed)] { s->init_weights(seed); });
         parts.push_back(std::move(sdp));
       }
       sync_ = std::make_unique<ComposedGradientSync>(std::move(parts));
     } else {
       auto sdp = std::make_unique<ShardedDataParallel>(*model_, dev, *pc_.fsdp, pc_.dp_replicate, so);
-      sdp->init_weights(uint64_t(cfg_.training.seed));
+      init_weights_.push_back([s = sdp.get(), seed = uint64_t(cfg_.training.seed)] { s->init_weights(seed); });
       sync_ = std::move(sdp);
     }
   } else {
-    model_->init_weights(uint64_t(cfg_.training.seed));
+    init_weights_.push_back([m = model_.get(), seed = uint64_t(cfg_.training.seed)] { m->init_weights(seed); });
     sync_ = std::make_unique<DataParallel>(*model_, *pc_.dp_replicate, 25 << 20, reduce_dtype);
   }
   const CheckpointPolicy ac =
@@ -364,7 +364,7 @@ void Trainer::resume() {
   // whatever layout wrote it (every rank reads the hyperslabs it now owns).
   ckpt_dir_ = (out_dir_ / cfg_.checkpoint.folder).string();  // an absolute folder wins
   // The load's time starts once every rank is here, so that checkpoint_load's seconds are the
-  // load's own, not the lag of the slowest rank's set-up (model init, on a shared core).
+  // load's own, not the lag of the slowest rank's set-up (on a shared core).
   world_.barrier();
   const auto t_load = Clock::now();
   std::optional<std::string> from;
@@ -375,6 +375,8 @@ void Trainer::resume() {
       model_->params_changed();
     });
   if (!from) {
+    for (const auto& init : init_weights_) init();
+    model_->params_changed();
     // Nothing of this run's own yet: [checkpoint] initial_load_path, if set, is where it starts.
     const auto init = load_initial_checkpoint(cfg_, world_.comm(), *device_, *model_, sync_->local_shards(), *opt_);
     if (!init) return;

@@ -18,6 +18,7 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -164,6 +165,10 @@ class Trainer {
   DType compute_dtype_ = DType::kF32;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<GradientSync> sync_;
+  // The weight initialisation build_model chose, run by resume() only when no checkpoint of this
+  // run is loaded: a resumed run's weights all come from the file, and initialising them first
+  // cost as much as the load itself (Box–Muller over every parameter of the rank).
+  std::vector<std::function<void()>> init_weights_;
   bool pipelined_ = false;                        // pp > 1
   PipelinePlan plan_;                             // pp > 1: the split and the schedule
   std::vector<std::unique_ptr<Executor>> execs_;  // one per stage on this rank (one without pp)
