@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 
 namespace meshtrain::testing {
 
-/// The folder `<tmp>/<prefix>_<pid>`, created on first use and removed (recursively) at exit.
+/// The folder `<tmp>/<prefix>_<pid>`, created on the first call with `prefix` and removed
+/// (recursively) at exit; one folder per prefix.
 /// Throws std::filesystem::filesystem_error when it cannot be created.
 inline const std::filesystem::path& scratch_dir(const std::string& prefix) {
   struct Owned {
@@ -20,8 +22,12 @@ inline const std::filesystem::path& scratch_dir(const std::string& prefix) {
       std::filesystem::remove_all(path, ec);
     }
   };
-  static const Owned dir(std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid())));
-  return dir.path;
+  static std::map<std::string, Owned> dirs;
+  auto it = dirs.find(prefix);
+  if (it == dirs.end())
+    it = dirs.try_emplace(prefix, std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid())))
+             .first;
+  return it->second.path;
 }
 
 }  // namespace meshtrain::testing
