@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/mpi/crash_report.hpp"
 #include "comm/mpi/mpi_chunking.hpp"
 #include "tensor/bf16.hpp"
 #include "util/errors.hpp"
@@ -230,6 +231,9 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv, int thread_level) {
   int len = 0;
   MPI_Get_processor_name(name, &len);
   host_.assign(name, len);
+  // After MPI_Init, which installed Open MPI's own handler: ours also names the caller of a
+  // null function pointer (see crash_report.hpp).
+  install_crash_report("[rank " + std::to_string(rank_) + " " + host_ + "] ");
 }
 
 MpiRuntime::~MpiRuntime() {

@@ -12,7 +12,9 @@ namespace meshtrain {
 
 /// RAII MPI_Init_thread / MPI_Finalize. Errors return codes (MPI_ERRORS_RETURN) so they become
 /// CommError exceptions that name the collective and group. The destructor also frees the
-/// user-defined bfloat16 reduction ops (MpiCommunicator) before MPI_Finalize.
+/// user-defined bfloat16 reduction ops (MpiCommunicator) before MPI_Finalize. A fatal signal
+/// (SIGSEGV, SIGBUS, SIGILL, SIGFPE) after MPI_Init is reported by install_crash_report, with
+/// the rank and host in every line.
 class MpiRuntime {
  public:
   /// Initializes MPI asking for `thread_level`: MPI_THREAD_FUNNELED (only the main thread calls
