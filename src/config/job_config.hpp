@@ -148,6 +148,10 @@ struct ParallelismSection {
   /// tp > 1: gather the logits for the loss instead of the vocab-parallel cross-entropy
   /// (TorchTitan's key).
   bool disable_loss_parallel = false;
+  /// tp > 1 with sequence parallelism: the blocks' all-gather → column-parallel matmuls and
+  /// row-parallel matmul → reduce-scatter run as tp ring steps, each step's transfer overlapped
+  /// with the matmul of the block already here (TorchTitan's async TP; model/async_tensor_parallel.hpp).
+  bool enable_async_tensor_parallel = false;
 };
 
 /// [activation_checkpoint]

@@ -7,7 +7,7 @@
 // How an outcome is chosen (doc/torchtitan-compat.md says the same to users):
 //  - a value that states what meshtrain does anyway is honoured (expert_parallel_comm_backend = "standard");
 //  - a switch that asks for a feature meshtrain lacks is refused when on, "not implemented yet"
-//    (enable_async_tensor_parallel = true), and honoured when off;
+//    (enable_cpu_offload = true), and honoured when off;
 //  - a key that only tunes a feature meshtrain lacks or has no use for (the float8 recipe, the
 //    context-parallel load balancer, torch.compile's backend, the Python GC) gets a notice
 //    whatever its value: TorchTitan itself ignores such keys while their feature is off;
@@ -312,8 +312,9 @@ Table build_table() {
   t.shared("fsdp_reshard_after_forward", "\"default\"");
   t.shared("tensor_parallel_degree", "1");
   t.shared("disable_loss_parallel", "false");
-  t.boolean("enable_async_tensor_parallel", "false",
-            refused_if_true("asynchronous tensor parallelism is not implemented yet"));
+  // tp == 1 and sequence parallelism off: check_async_tp (torchtitan_resolve.cpp).
+  t.shared("enable_async_tensor_parallel", "false",
+           honoured("true needs sequence parallelism (refused without it) and has no effect with tp 1 (notice)"));
   t.shared("pipeline_parallel_degree", "1", honoured("pipeline stages (schedules GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, or a CSV)"));
   Option& parts = t.list("module_fqns_per_model_part", "None",
                          refused_when_set("explicit module lists per stage are not implemented yet (the blocks are "

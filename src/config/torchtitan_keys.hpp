@@ -37,7 +37,8 @@ std::vector<std::string> meshtrain_only_key_names();
 /// hf_assets_path; the command line wins over the deck, two deck keys that disagree are
 /// refused), runs every set key's Option::verdict and the rules between keys (export_dtype and
 /// last_save_model_only, lr_scheduler total_steps and training steps, validation seq_len /
-/// local_batch_size, a TorchTitan dataset name that is not a file), and fills cfg.notices and
+/// local_batch_size, a TorchTitan dataset name that is not a file, async TP without tp or
+/// sequence parallelism), and fills cfg.notices and
 /// cfg.refusals in `set_keys` order, each line `ORIGIN: [section] key: why`.
 /// Throws nothing (refusals are thrown by JobConfig::validate()).
 void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_keys);

@@ -203,6 +203,19 @@ void check_float8(Pass& p) {
           {Outcome::kNotice, "applies only with enable_fsdp_float8_all_gather = true (TorchTitan ignores it)"});
 }
 
+// Async TP decomposes sequence parallelism's all-gather and reduce-scatter (TorchTitan's
+// enable_async_tp applies only under tp > 1 and requires sequence parallelism too).
+void check_async_tp(Pass& p) {
+  const std::string key = "parallelism.enable_async_tensor_parallel";
+  if (!p.is_set(key) || !p.cfg().parallelism.enable_async_tensor_parallel) return;
+  if (p.cfg().parallelism.tensor_parallel_degree <= 1)
+    p.add(key, {Outcome::kNotice, "true has no effect with tensor_parallel_degree = 1 (no tp collectives to overlap)"});
+  else if (!p.cfg().parallelism.enable_sequence_parallel)
+    p.add(key, {Outcome::kRefused, "true needs sequence parallelism (the all-gather and reduce-scatter it "
+                                   "decomposes into ring steps): set [parallelism] enable_sequence_parallel = true "
+                                   "or enable_async_tensor_parallel = false"});
+}
+
 }  // namespace
 
 void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_keys) {
@@ -219,6 +232,7 @@ void apply_torchtitan_keys(JobConfig& cfg, const std::vector<std::string>& set_k
   check_export_dtype(p);
   check_validation_shape(p);
   check_float8(p);
+  check_async_tp(p);
   p.finish();
 }
 

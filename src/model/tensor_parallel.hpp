@@ -25,6 +25,10 @@ struct TensorParallel {
   int64_t size = 1, rank = 0;
   bool sequence_parallel = true;  ///< shard the residual stream and norms along the tokens
   bool loss_parallel = true;      ///< vocab-parallel cross-entropy (false: gather the logits)
+  /// Async TP: with sequence parallelism, the blocks' tp_enter + column-parallel matmuls and
+  /// row-parallel matmul + tp_exit run as ring steps overlapping transfers with matmuls
+  /// (model/async_tensor_parallel.hpp); the embedding and the output head keep tp_enter / tp_exit.
+  bool async = false;
   bool active() const { return size > 1; }
 };
 

@@ -238,6 +238,7 @@ void Trainer::build_model() {
   tp_.rank = pc_.tp->rank();
   tp_.sequence_parallel = cfg_.parallelism.enable_sequence_parallel;
   tp_.loss_parallel = !cfg_.parallelism.disable_loss_parallel;
+  tp_.async = cfg_.parallelism.enable_async_tensor_parallel;
   // Context parallelism: each sample's sequence is split over the cp group; parameters are
   // sharded over fsdp = dp_shard × cp, so sharded_ above is on whenever cp > 1.
   cp_.comm = pc_.cp;

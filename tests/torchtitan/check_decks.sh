@@ -81,13 +81,15 @@ lays_out llama3_70b.toml 64
 refused llama3_70b.toml 64 "llama3_70b.toml:$(line_of llama3_70b.toml '^dataset =' ): [training] dataset: \"c4\" $c4"
 resolves llama3_70b.toml 64 7 $store
 # llama3 405B (128 H100, tp 8): float8 linears (the cpu device only emulates them: emulate = true,
-# also under tp 8), then asynchronous tensor parallelism.
+# also under tp 8); its asynchronous tensor parallelism is honoured (tp 8, sequence parallel), gets
+# one more notice (no effect) with tp 1, and is refused, naming the key, without sequence parallelism.
 lays_out llama3_405b.toml 128
 refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^converters' ): [model] converters: the cpu device has no FP8 GEMMs, so float8 training there is only an emulation"
 refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^dataset =' ): [training] dataset: \"c4\" $c4" --quantize.linear.float8.emulate=true
-refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^enable_async_tensor_parallel' ): [parallelism] enable_async_tensor_parallel: asynchronous tensor parallelism is not implemented yet" --quantize.linear.float8.emulate=true $store
-resolves llama3_405b.toml 128 5 --quantize.linear.float8.emulate=true $store --parallelism.enable_async_tensor_parallel=false
-resolves llama3_405b.toml 128 8 --model.converters= $store --parallelism.enable_async_tensor_parallel=false
+resolves llama3_405b.toml 128 5 --quantize.linear.float8.emulate=true $store
+resolves llama3_405b.toml 128 8 --model.converters= $store
+resolves llama3_405b.toml 128 6 --quantize.linear.float8.emulate=true $store --parallelism.tensor_parallel_degree=1
+refused llama3_405b.toml 128 "llama3_405b.toml:$(line_of llama3_405b.toml '^enable_async_tensor_parallel' ): [parallelism] enable_async_tensor_parallel: true needs sequence parallelism" --quantize.linear.float8.emulate=true $store --parallelism.enable_sequence_parallel=false
 # qwen3 0.6B and 1.7B (8 GPUs, per-operator checkpointing): only the dataset.
 for d in qwen3_0.6b.toml qwen3_1.7b.toml; do
   lays_out $d 8

@@ -136,7 +136,6 @@ BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"[model]\nconverters = [\"quantize.linear.mx\"]", "MX (mxfp8) training is not implemented yet"},
       {"[quantize.linear.float8]\nenable = true", "[quantize.linear.float8] enable: this switch is not implemented yet"},
-      {"[parallelism]\nenable_async_tensor_parallel = true", "asynchronous tensor parallelism is not implemented yet"},
       {"[fault_tolerance]\nenable = true", "[fault_tolerance] enable: fault-tolerant training (torchft) is not implemented yet"},
       {"[memory_estimation]\nenable = true", "[memory_estimation] enable: memory estimation is not implemented yet"},
       {"[training]\ndtype = \"bfloat16\"", "pure bfloat16 training (no float32 master weights) is not implemented yet"},
@@ -163,6 +162,24 @@ BOOST_AUTO_TEST_CASE(refused_values_say_not_implemented_yet_and_name_the_key) {
   }
   BOOST_TEST(has(refusal_of(kBase, {"--metrics.enable_wandb"}),
                  "command line: [metrics] enable_wandb: Weights & Biases logging is not implemented yet"));
+}
+
+// Async TP: honoured under tp > 1 with sequence parallelism; with tp 1 a notice (nothing to
+// overlap), without sequence parallelism a refusal naming the key (check_async_tp).
+BOOST_AUTO_TEST_CASE(async_tensor_parallel_needs_tp_and_sequence_parallelism) {
+  const std::string d = std::string(kTt) + "[parallelism]\nenable_async_tensor_parallel = true\n";  // the key on line 14
+  const JobConfig on = load(d, {"--parallelism.tensor_parallel_degree=2"});
+  BOOST_TEST(on.refusals.empty());
+  BOOST_TEST(on.notices.empty());
+  BOOST_TEST(on.parallelism.enable_async_tensor_parallel);
+  const JobConfig tp1 = load(d);
+  BOOST_TEST(tp1.refusals.empty());
+  BOOST_TEST(has(notice_of(tp1, "[parallelism] enable_async_tensor_parallel"),
+                 ".toml:14: [parallelism] enable_async_tensor_parallel: true has no effect with tensor_parallel_degree = 1"));
+  const std::string e =
+      error_of(d, {"--parallelism.tensor_parallel_degree=2", "--parallelism.enable_sequence_parallel=false"}, 2);
+  BOOST_TEST(has(e, ".toml:14: [parallelism] enable_async_tensor_parallel: true needs sequence parallelism"), e);
+  BOOST_TEST(load(d + "enable_sequence_parallel = false\n").refusals.empty());  // tp 1: only the notice
 }
 
 // Float8 training: model.converters = ["float8"] with its [quantize.linear.float8] table, as the

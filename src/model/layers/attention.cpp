@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "model/async_tensor_parallel.hpp"
 #include "model/layers/primitives.hpp"
 #include "parallel/context/cp_attention.hpp"
 
@@ -65,11 +66,11 @@ std::vector<Parameter*> Attention::parameters() {
   return out;
 }
 
-Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
-                             int64_t heads) {
+Tensor Attention::project_qk(StepContext& ctx, SavedTensors& saved, const std::function<Tensor()>& linear,
+                             Parameter& norm, int64_t heads) {
   Device& dev = *ctx.dev;
   // RoPE rotates y in place (without q/k norm): a kept y is stashed as a copy.
-  Tensor y = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w); }, true);
+  Tensor y = saved.op(SacOp::kMatmul, dev, linear, true);
   if (qk_norm_) y = rmsnorm_forward(dev, saved, y.reshape({y.numel() / head_dim_, head_dim_}), norm, norm_eps_);
   Tensor y4 = y.reshape({int64_t(ctx.shard.chunks.size()) * ctx.batch, ctx.shard.chunk_len, heads, head_dim_});
   rope_chunks(ctx, y4, false);
@@ -91,11 +92,17 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
     throw std::logic_error(name_ + ": the step context's sequence shard holds " +
                            std::to_string(ctx.shard.local_len()) + " tokens per sample, not seq_len " +
                            std::to_string(ctx.seq_len) + " (build it with Transformer::make_context)");
-  const Tensor x = tp_enter(dev, ctx.tp, x_local);
+  // Under async TP the three projections come out of the fused all-gather; per-operator
+  // checkpointing still sees each as its own matmul (a replay reads the kept ones from its stash).
+  const AllGatherMatmul entry = tp_region_enter(ctx, x_local, {&wq, &wk, &wv});
+  const Tensor& x = entry.gathered;
+  auto linear = [&](size_t i, const Parameter& w) {
+    return [&, i, wp = &w] { return entry.outs.empty() ? linear_forward(dev, x, *wp) : entry.outs[i]; };
+  };
   const int64_t n = x.dim(0);
-  Tensor q = project_qk(ctx, saved, x, wq, q_norm, n_heads_);
-  Tensor k = project_qk(ctx, saved, x, wk, k_norm, n_kv_heads_);
-  Tensor v = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, wv); }, false).reshape(k.shape());
+  Tensor q = project_qk(ctx, saved, linear(0, wq), q_norm, n_heads_);
+  Tensor k = project_qk(ctx, saved, linear(1, wk), k_norm, n_kv_heads_);
+  Tensor v = saved.op(SacOp::kMatmul, dev, linear(2, wv), false).reshape(k.shape());
   const float scale = 1.0f / std::sqrt(float(head_dim_));
   Tensor o;
   if (ctx.cp.active()) {  // the sequence is split over cp: attention crosses the group
@@ -120,9 +127,7 @@ Tensor Attention::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x
     for (const Tensor& t : {x, q, k, v, ol[1]}) saved.push(t);
   }
   saved.push(o);
-  Tensor out = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, o.reshape({n, n_heads_ * head_dim_}), wo); },
-                        true);
-  return tp_exit_kept(dev, saved, ctx.tp, out);
+  return tp_region_exit(ctx, saved, o.reshape({n, n_heads_ * head_dim_}), wo);
 }
 
 Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm,
@@ -136,10 +141,9 @@ Tensor Attention::project_qk_backward(StepContext& ctx, SavedTensors& saved, Ten
 
 Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {
   Device& dev = *ctx.dev;
-  const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   const Tensor o = saved.pop();
   const int64_t n = o.numel() / (n_heads_ * head_dim_);
-  Tensor d_o = linear_backward(ctx, dout, o.reshape({n, n_heads_ * head_dim_}), wo).reshape(o.shape());
+  Tensor d_o = tp_region_exit_backward(ctx, dout_local, o.reshape({n, n_heads_ * head_dim_}), wo).reshape(o.shape());
   const float scale = 1.0f / std::sqrt(float(head_dim_));
   Tensor dq, dk, dv, x;
   if (ctx.cp.active()) {
@@ -159,10 +163,7 @@ Tensor Attention::backward(StepContext& ctx, SavedTensors& saved, const Tensor& 
   // Pops mirror project_qk's pushes: k's norm state was pushed after q's.
   Tensor dk2 = project_qk_backward(ctx, saved, dk, k_norm, n_kv_heads_);
   Tensor dq2 = project_qk_backward(ctx, saved, dq, q_norm, n_heads_);
-  Tensor dx = linear_backward(ctx, dq2, x, wq);
-  linear_backward(ctx, dk2, x, wk, &dx);
-  linear_backward(ctx, dv.reshape({n, n_kv_heads_ * head_dim_}), x, wv, &dx);
-  return tp_exit(dev, ctx.tp, dx);
+  return tp_region_enter_backward(ctx, {dq2, dk2, dv.reshape({n, n_kv_heads_ * head_dim_})}, x, {&wq, &wk, &wv});
 }
 
 }  // namespace meshtrain

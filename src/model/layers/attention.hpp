@@ -3,6 +3,7 @@
 #include "config/model_args.hpp"
 #include "model/layer.hpp"
 
+#include <functional>
 #include <vector>
 
 namespace meshtrain {
@@ -36,8 +37,9 @@ class Attention final : public Layer {
   Parameter wq, wk, wv, wo, q_norm, k_norm;
 
  private:
-  /// Projects x, applies q/k norm (Qwen3) and RoPE; pushes what backward needs.
-  Tensor project_qk(StepContext& ctx, SavedTensors& saved, const Tensor& x, Parameter& w, Parameter& norm,
+  /// Runs the projection `linear` (x · Wᵀ, a kMatmul operator), applies q/k norm (Qwen3) and
+  /// RoPE; pushes what backward needs.
+  Tensor project_qk(StepContext& ctx, SavedTensors& saved, const std::function<Tensor()>& linear, Parameter& norm,
                     int64_t heads);
   Tensor project_qk_backward(StepContext& ctx, SavedTensors& saved, Tensor dq, Parameter& norm, int64_t heads);
   /// RoPE (inverse: its adjoint) in place on x [chunks·B, C, H, Dh], each local chunk of the

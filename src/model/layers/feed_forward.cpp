@@ -3,6 +3,7 @@
 #include <cmath>
 #include <utility>
 
+#include "model/async_tensor_parallel.hpp"
 #include "model/layers/primitives.hpp"
 
 namespace meshtrain {
@@ -22,28 +23,28 @@ FeedForward::FeedForward(const ModelArgs& a, int layer_id, std::string name, int
 
 Tensor FeedForward::forward(StepContext& ctx, SavedTensors& saved, const Tensor& x_local) {
   Device& dev = *ctx.dev;
-  const Tensor x = tp_enter(dev, ctx.tp, x_local);
-  Tensor a = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w1); }, false);
-  Tensor b = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, x, w3); }, false);
+  // Under async TP w1 and w3 run inside the fused all-gather; still two kMatmul operators.
+  const AllGatherMatmul entry = tp_region_enter(ctx, x_local, {&w1, &w3});
+  const Tensor& x = entry.gathered;
+  auto linear = [&](size_t i, const Parameter& w) {
+    return [&, i, wp = &w] { return entry.outs.empty() ? linear_forward(dev, x, *wp) : entry.outs[i]; };
+  };
+  Tensor a = saved.op(SacOp::kMatmul, dev, linear(0, w1), false);
+  Tensor b = saved.op(SacOp::kMatmul, dev, linear(1, w3), false);
   Tensor h = dev.empty(a.shape(), a.dtype(), MemCategory::kActivations);
   dev.swiglu_forward(a, b, h);
-  // The output is reduced in place (tp) or takes the block's residual add: kept as a copy.
-  Tensor out = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, h, w2); }, true);
   for (const Tensor& t : {x, a, b, h}) saved.push(t);
-  return tp_exit_kept(dev, saved, ctx.tp, out);
+  return tp_region_exit(ctx, saved, h, w2);
 }
 
 Tensor FeedForward::backward(StepContext& ctx, SavedTensors& saved, const Tensor& dout_local) {
   Device& dev = *ctx.dev;
-  const Tensor dout = tp_enter(dev, ctx.tp, dout_local);
   Tensor h = saved.pop(), b = saved.pop(), a = saved.pop(), x = saved.pop();
-  Tensor dh = linear_backward(ctx, dout, h, w2);
+  Tensor dh = tp_region_exit_backward(ctx, dout_local, h, w2);
   Tensor da = dev.empty(a.shape(), dh.dtype(), MemCategory::kActivations);
   Tensor db = dev.empty(b.shape(), dh.dtype(), MemCategory::kActivations);
   dev.swiglu_backward(dh, a, b, da, db);
-  Tensor dx = linear_backward(ctx, da, x, w1);
-  linear_backward(ctx, db, x, w3, &dx);
-  return tp_exit(dev, ctx.tp, dx);
+  return tp_region_enter_backward(ctx, {da, db}, x, {&w1, &w3});
 }
 
 }  // namespace meshtrain

@@ -1,0 +1,198 @@
+#include "model/async_tensor_parallel.hpp"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "model/layers/primitives.hpp"
+#include "model/weight_grad_queue.hpp"
+
+namespace meshtrain {
+
+namespace {
+
+// Tags of the two rings: a layer's fused entry and exit follow each other on the tp group, and
+// over MPI distinct tags keep one ring's messages from matching the other's.
+constexpr int kTagAllGather = 0x4147, kTagReduceScatter = 0x5253;
+
+using Works = std::vector<std::unique_ptr<Work>>;
+
+// One ring hop: `send` to rank + 1 and `recv` from rank − 1, posted together (NCCL needs the
+// pair in one group, or two ranks sending to each other would wait on each other).
+Works ring_step(const TensorParallel& tp, const Tensor& send, const Tensor& recv, int tag) {
+  const int next = int((tp.rank + 1) % tp.size), prev = int((tp.rank + tp.size - 1) % tp.size);
+  return tp.comm->send_recv_batch({P2POp{true, send, next, tag}, P2POp{false, recv, prev, tag}});
+}
+
+// MPI moves a message only while some MPI call runs: a test between GEMMs keeps a rendezvous
+// transfer going while this rank computes.
+void poll(const Works& works) {
+  for (const auto& w : works) w->test();
+}
+
+void wait(Works& works) {
+  for (auto& w : works) w->wait();
+  works.clear();
+}
+
+// Rows [b·n, (b+1)·n) of a contiguous [N, cols] tensor.
+Tensor row_block(const Tensor& t, int64_t b, int64_t n) { return t.view({n, t.dim(1)}, b * n * t.dim(1)); }
+
+// The output width and inner size of gemm g on its (cast) right operand.
+int64_t gemm_cols(const Tensor& rhs, LinearGemm g) { return rhs.dim(g == LinearGemm::kForward ? 0 : 1); }
+int64_t gemm_inner(const Tensor& rhs, LinearGemm g) { return rhs.dim(g == LinearGemm::kForward ? 1 : 0); }
+
+void require_active(const TensorParallel& tp, const char* who) {
+  if (!async_tp_active(tp))
+    throw std::invalid_argument(std::string(who) + ": needs tp > 1, sequence parallelism and async TP on");
+}
+
+// W's compute copy as gemm g reads it. Float8 linears never get here: their casts take scales
+// over all rows and their GEMMs are the recipe's (tp_region_* keep them synchronous).
+const Tensor& rhs_of(const TpGemm& g, const char* who) {
+  if (g.w->float8) throw std::invalid_argument(std::string(who) + ": " + g.w->name + " is a Float8 linear");
+  return g.w->compute_value();
+}
+
+// Float8 linears, and tp regions async TP does not cover, keep the synchronous collectives.
+bool fused(const TensorParallel& tp, const std::vector<const Parameter*>& weights) {
+  if (!async_tp_active(tp)) return false;
+  for (const Parameter* w : weights)
+    if (w->float8) return false;
+  return true;
+}
+
+// linear_backward's weight term alone: the fused operators compute the input gradient.
+void weight_grad(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w) {
+  if (ctx.defer_weight_grads)
+    ctx.defer_weight_grads->linear(dy, x, w);
+  else
+    linear_weight_grad(*ctx.dev, dy, x, w);
+}
+
+}  // namespace
+
+bool async_tp_active(const TensorParallel& tp) { return tp.active() && tp.sequence_parallel && tp.async; }
+
+AllGatherMatmul all_gather_matmul(Device& dev, const TensorParallel& tp, const Tensor& a_local,
+                                  const std::vector<TpGemm>& gemms) {
+  require_active(tp, "all_gather_matmul");
+  if (gemms.empty()) throw std::invalid_argument("all_gather_matmul: no GEMM");
+  const int64_t n = a_local.dim(0), k = a_local.dim(1), size = tp.size, rank = tp.rank;
+  AllGatherMatmul r;
+  std::vector<Tensor> rhs;
+  for (const TpGemm& g : gemms) {
+    rhs.push_back(rhs_of(g, "all_gather_matmul"));
+    if (gemm_inner(rhs.back(), g.gemm) != k)
+      throw std::invalid_argument("all_gather_matmul: " + g.w->name + " does not take " + std::to_string(k) +
+                                  " input features");
+    r.outs.push_back(dev.empty({n * size, gemm_cols(rhs.back(), g.gemm)}, a_local.dtype(), MemCategory::kActivations));
+  }
+  r.gathered = dev.empty({n * size, k}, a_local.dtype(), MemCategory::kActivations);
+  dev.copy(row_block(r.gathered, rank, n), a_local);
+  for (int64_t s = 0; s < size; ++s) {
+    const int64_t b = (rank - s + size) % size;
+    Works works;
+    if (s + 1 < size)
+      works = ring_step(tp, row_block(r.gathered, b, n), row_block(r.gathered, (b + size - 1) % size, n), kTagAllGather);
+    for (size_t i = 0; i < gemms.size(); ++i) {
+      dev.matmul(row_block(r.gathered, b, n), false, rhs[i], gemms[i].gemm == LinearGemm::kForward,
+                 row_block(r.outs[i], b, n), 1.0f, 0.0f);
+      poll(works);
+    }
+    wait(works);
+  }
+  return r;
+}
+
+Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::vector<Tensor>& lhs,
+                             const std::vector<TpGemm>& gemms) {
+  require_active(tp, "matmul_reduce_scatter");
+  if (gemms.empty() || lhs.size() != gemms.size())
+    throw std::invalid_argument("matmul_reduce_scatter: " + std::to_string(lhs.size()) + " left operands for " +
+                                std::to_string(gemms.size()) + " GEMMs");
+  const int64_t rows = lhs[0].dim(0), size = tp.size, rank = tp.rank;
+  if (rows % size)
+    throw std::invalid_argument("matmul_reduce_scatter: " + std::to_string(rows) + " rows do not divide over tp " +
+                                std::to_string(size));
+  const int64_t n = rows / size;
+  std::vector<Tensor> b;
+  int64_t cols = -1;
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    b.push_back(rhs_of(gemms[i], "matmul_reduce_scatter"));
+    const int64_t c = gemm_cols(b.back(), gemms[i].gemm);
+    if (lhs[i].dim(0) != rows || gemm_inner(b.back(), gemms[i].gemm) != lhs[i].dim(1) || (cols >= 0 && c != cols))
+      throw std::invalid_argument("matmul_reduce_scatter: " + gemms[i].w->name + " does not fit the other operands");
+    cols = c;
+  }
+  const DType dtype = lhs[0].dtype();
+  // This rank's partial product of row block `blk`, accumulated in `gemms` order as
+  // linear_backward's accumulate_dx does, so every partial equals those rows of the whole sum.
+  auto partial = [&](int64_t blk, const Tensor& out, const Works& works) {
+    for (size_t i = 0; i < lhs.size(); ++i) {
+      dev.matmul(row_block(lhs[i], blk, n), false, b[i], gemms[i].gemm == LinearGemm::kForward, out, 1.0f,
+                 i ? 1.0f : 0.0f);
+      poll(works);
+    }
+  };
+  // Step s handles block rank − 1 − s; its accumulator is acc[s]. They alternate between two
+  // buffers (one in flight, one being received), arranged so that the last step's is `out`.
+  Tensor out = dev.empty({n, cols}, dtype, MemCategory::kActivations);
+  Tensor spare = size > 1 ? dev.empty({n, cols}, dtype, MemCategory::kTemporaries) : Tensor();
+  Tensor mine = dev.empty({n, cols}, dtype, MemCategory::kTemporaries);
+  auto acc = [&](int64_t s) { return (size - 1 - s) % 2 == 0 ? out : spare; };
+  auto block = [&](int64_t s) { return (rank - 1 - s + 2 * size) % size; };
+  partial(block(0), acc(0), Works());
+  for (int64_t s = 1; s < size; ++s) {
+    Works works = ring_step(tp, acc(s - 1), acc(s), kTagReduceScatter);
+    partial(block(s), mine, works);
+    wait(works);
+    dev.add(acc(s), mine, 1.0f);
+  }
+  return out;
+}
+
+namespace {
+std::vector<TpGemm> gemms_of(const std::vector<const Parameter*>& weights, LinearGemm g) {
+  std::vector<TpGemm> out;
+  for (const Parameter* w : weights) out.push_back({w, g});
+  return out;
+}
+}  // namespace
+
+AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local, const std::vector<const Parameter*>& weights) {
+  if (fused(ctx.tp, weights)) return all_gather_matmul(*ctx.dev, ctx.tp, x_local, gemms_of(weights, LinearGemm::kForward));
+  return {tp_enter(*ctx.dev, ctx.tp, x_local), {}};
+}
+
+Tensor tp_region_exit(const StepContext& ctx, SavedTensors& saved, const Tensor& h, const Parameter& w) {
+  Device& dev = *ctx.dev;
+  // The block's residual add writes the shard in place: a kept shard is stashed as a copy.
+  if (fused(ctx.tp, {&w}))
+    return saved.op(SacOp::kCollective, dev,
+                    [&] { return matmul_reduce_scatter(dev, ctx.tp, {h}, {{&w, LinearGemm::kForward}}); }, true);
+  // The output is reduced in place (tp) or takes the block's residual add: kept as a copy.
+  Tensor out = saved.op(SacOp::kMatmul, dev, [&] { return linear_forward(dev, h, w); }, true);
+  return tp_exit_kept(dev, saved, ctx.tp, out);
+}
+
+Tensor tp_region_exit_backward(const StepContext& ctx, const Tensor& dout_local, const Tensor& h, const Parameter& w) {
+  if (!fused(ctx.tp, {&w})) return linear_backward(ctx, tp_enter(*ctx.dev, ctx.tp, dout_local), h, w);
+  AllGatherMatmul g = all_gather_matmul(*ctx.dev, ctx.tp, dout_local, {{&w, LinearGemm::kInputGrad}});
+  weight_grad(ctx, g.gathered, h, w);
+  return g.outs[0];
+}
+
+Tensor tp_region_enter_backward(const StepContext& ctx, const std::vector<Tensor>& dys, const Tensor& x,
+                                const std::vector<const Parameter*>& weights) {
+  if (fused(ctx.tp, weights)) {
+    for (size_t i = 0; i < weights.size(); ++i) weight_grad(ctx, dys[i], x, *weights[i]);
+    return matmul_reduce_scatter(*ctx.dev, ctx.tp, dys, gemms_of(weights, LinearGemm::kInputGrad));
+  }
+  Tensor dx = linear_backward(ctx, dys[0], x, *weights[0]);
+  for (size_t i = 1; i < weights.size(); ++i) linear_backward(ctx, dys[i], x, *weights[i], &dx);
+  return tp_exit(*ctx.dev, ctx.tp, dx);
+}
+
+}  // namespace meshtrain
