@@ -7,7 +7,8 @@
 #   first   (BUDGET_S 300, under the 5-minute mark; the CPU curves made beforehand, cpu-refs)
 #     env        nvidia-smi, nvcc, the Python packages used below, compute-sanitizer
 #     unit       the gpu-labelled test programs: kernels, matmul, attention, document-masked
-#                attention, MoE, Muon, then test_cuda_train_step (a whole training step against the CPU backend)
+#                attention, MoE, Muon, Float8 (casts and FP8 GEMMs), then test_cuda_train_step (a whole
+#                training step against the CPU backend)
 #     nccl       the single-rank NCCL mesh smoke, then test_cuda_comm (2 ranks sharing the GPU)
 #     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
 #                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
@@ -124,7 +125,7 @@ if [ ! -f "$data" ]; then
 fi
 
 kernel_tests=(test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_doc_attention test_cuda_moe test_cuda_muon
-  test_cuda_train_step)
+  test_cuda_float8 test_cuda_train_step)
 
 if wanted env; then
   run_step env 30 bash -c 'nvidia-smi; nvcc --version; python3 -c "import torch, transformers, h5py; print(\"torch\", torch.__version__, torch.cuda.get_device_name(0)); print(\"transformers\", transformers.__version__)"; compute-sanitizer --version'

@@ -162,8 +162,10 @@ void check_validation_shape(Pass& p) {
 }
 
 // Float8 training (model.converters = ["float8"]) and its [quantize.linear.float8] table: what
-// the cpu emulation honours, what it refuses, and notices for keys that do nothing
-// (TorchTitan's Float8LinearConverter and its checks, torchtitan/components/quantization/float8.py).
+// the cpu emulation and the cuda device honour, what they refuse, and notices for keys that do
+// nothing (TorchTitan's Float8LinearConverter and its checks,
+// torchtitan/components/quantization/float8.py). Whether the GPU has FP8 tensor cores
+// (emulate = false) is known only at run time: CudaDevice::float8_matmul says it there.
 void check_float8(Pass& p) {
   const Float8Config f = float8_config(p.cfg());
   const std::string t = "quantize.linear.float8.", conv = "model.converters";
@@ -176,11 +178,11 @@ void check_float8(Pass& p) {
     return;
   }
   const std::string& device = p.cfg().training.device;
-  if (device != "cpu")
+  if (device != "cpu" && device != "cuda")
     p.add(conv, {Outcome::kRefused, "\"float8\": float8 training on the " + device +
-                                        " device (FP8 GEMMs and cast kernels) is not implemented yet; device = "
-                                        "\"cpu\" emulates it ([quantize.linear.float8] emulate = true)"});
-  else if (!f.emulate)
+                                        " device is not implemented yet; the cuda device runs it (FP8 GEMMs, or "
+                                        "emulate = true) and the cpu device emulates it"});
+  else if (device == "cpu" && !f.emulate)
     p.add(p.is_set(t + "emulate") ? t + "emulate" : conv,
           {Outcome::kRefused, "the cpu device has no FP8 GEMMs, so float8 training there is only an emulation "
                               "(quantize -> dequantize, float32 GEMMs): set [quantize.linear.float8] emulate = true"});
@@ -198,6 +200,11 @@ void check_float8(Pass& p) {
           {Outcome::kRefused, "together with recipe_name (\"" + f.recipe +
                                   "\") is not supported, as in TorchTitan: the FP8 all-gather is the default "
                                   "(tensorwise) recipe's; leave recipe_name unset"});
+  else if (f.fsdp_float8_all_gather && device == "cuda")
+    p.add(t + "enable_fsdp_float8_all_gather",
+          {Outcome::kRefused, "the FP8 all-gather of FSDP shards on the cuda device (e4m3 shards and one amax "
+                              "all-reduce: half the bytes of a bf16 gather) is not implemented yet; set it false "
+                              "(the float8 casts of the bf16-gathered weights give the same values)"});
   if (f.precompute_scale && !f.fsdp_float8_all_gather)
     p.add(t + "precompute_float8_dynamic_scale_for_fsdp",
           {Outcome::kNotice, "applies only with enable_fsdp_float8_all_gather = true (TorchTitan ignores it)"});

@@ -76,6 +76,16 @@ enum class GroupedGemm {
   kBackwardWeight  ///< W_g[P, Q] += A[rows_g, P]ᵀ · B[rows_g, Q]   (dW += dyᵀ·x; C unused)
 };
 
+/// One operand of Device::float8_matmul: the high-precision tensor as stored (2-D, row-major,
+/// f32 or the activation dtype) and its cast. amax, when defined, holds the amax of its scaling
+/// groups already reduced over the ranks that share them (float8_amax, then an all-reduce with
+/// max: tensor parallelism); undefined, the device computes it from src alone.
+struct Float8Operand {
+  Tensor src;
+  Float8Cast cast;
+  Tensor amax;
+};
+
 /// {M, N, K} of C[M, N] = op(A)[M, K] · op(B)[K, N] (Device::matmul's operands).
 /// @throws std::invalid_argument unless A, B, C are 2-D with matching extents.
 struct MatmulDims {
@@ -353,6 +363,15 @@ class Device {
     (void)src, (void)cast, (void)power_of_two, (void)amax, (void)dst;
     throw std::runtime_error("float8 operand casts on the " + name() + " device are not implemented yet");
   }
+  /// A Float8 GEMM C[M, N] = alpha · op(A') · op(B') + beta · C, where A' and B' are a and b
+  /// after their casts (a.cast, b.cast with power_of_two; a.amax / b.amax as float8_cast_with_amax
+  /// when defined) and op, shapes and dtypes as matmul. This default is the emulation (TorchAO's
+  /// emulate = true): each operand quantized → dequantized into a temporary in its own dtype, then
+  /// matmul — what the CPU device runs whatever `emulate` says (it has no FP8 GEMMs; config refuses
+  /// emulate = false there). A device with FP8 GEMMs overrides it for emulate = false (CudaDevice:
+  /// cuBLASLt with e4m3 / e5m2 operands, see there). Errors: those of float8_cast and matmul.
+  virtual void float8_matmul(const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
+                             bool power_of_two, bool emulate, const Tensor& c, float alpha, float beta);
 };
 
 /// Creates the device named `kind` for this rank: "cpu", or "cuda" (GPU `gpu` of this node,

@@ -49,6 +49,22 @@ double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vecto
   return s;
 }
 
+void Device::float8_matmul(const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b,
+                           bool power_of_two, bool emulate, const Tensor& c, float alpha, float beta) {
+  (void)emulate;
+  const auto cast = [&](const Float8Operand& o) {
+    Tensor q = empty(o.src.shape(), o.src.dtype(), MemCategory::kTemporaries);
+    if (o.amax.defined())
+      float8_cast_with_amax(o.src, o.cast, power_of_two, o.amax, q);
+    else
+      float8_cast(o.src, o.cast, power_of_two, q);
+    return q;
+  };
+  const Tensor qa = cast(a);
+  const Tensor qb = cast(b);
+  matmul(qa, trans_a, qb, trans_b, c, alpha, beta);
+}
+
 void Device::grouped_matmul(GroupedGemm form, const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& c,
                             const std::vector<int64_t>& counts) {
   if (w.ndim() != 3 || int64_t(counts.size()) != w.dim(0))

@@ -1,6 +1,7 @@
 #include "model/float8_linears.hpp"
 
 #include <memory>
+#include <utility>
 
 #include "tensor/float8.hpp"
 
@@ -23,7 +24,9 @@ bool is_block_linear(const std::string& module) {
 }  // namespace
 
 std::vector<std::string> convert_float8_linears(Transformer& model, const Float8Config& f8) {
-  const auto recipe = std::make_shared<const Float8LinearRecipe>(float8_linear_recipe(f8.recipe));
+  Float8LinearRecipe r = float8_linear_recipe(f8.recipe);
+  r.emulate = f8.emulate;
+  const auto recipe = std::make_shared<const Float8LinearRecipe>(std::move(r));
   std::vector<std::string> converted;
   const std::string suffix = ".weight";
   for (Parameter* p : model.parameters()) {

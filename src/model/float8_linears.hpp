@@ -18,8 +18,8 @@
 
 namespace meshtrain {
 
-/// Marks this model's convertible linear weights with the recipe of `f8` (Parameter::float8)
-/// and returns their module names ("layers.0.attention.wq", ...), in parameter order. Under
+/// Marks this model's convertible linear weights with the recipe of `f8` (Parameter::float8,
+/// emulate as f8.emulate) and returns their module names ("layers.0.attention.wq", ...), in parameter order. Under
 /// tensor parallelism a weight split over tp also gets the model's tp group
 /// (Parameter::float8_tp): the scaling groups that span the split reduce their amax over it.
 /// Whether a linear converts is decided on its global shape, the same for every tp degree.

@@ -103,10 +103,13 @@ struct Float8Cast {
 ///   rowwise:             every operand e4m3, scaled along the GEMM's reduction dimension;
 ///   rowwise_with_gw_hp:  y as rowwise; dx from dy rowwise and W tensorwise, both e4m3; dW in
 ///                        high precision (neither operand cast).
-/// The rowwise recipes round their scales down to powers of two (power_of_two).
+/// The rowwise recipes round their scales down to powers of two (power_of_two). emulate is
+/// TorchAO's Float8LinearConfig.emulate: quantize → dequantize and high-precision GEMMs instead
+/// of FP8 GEMMs (Device::float8_matmul; devices without FP8 GEMMs always emulate).
 struct Float8LinearRecipe {
   std::string name;
   bool power_of_two = false;
+  bool emulate = false;
   Float8Cast output_x, output_w;
   Float8Cast grad_input_dy, grad_input_w;
   Float8Cast grad_weight_dy, grad_weight_x;

@@ -267,10 +267,12 @@ void Trainer::build_model() {
   if (const Float8Config f8 = float8_config(cfg_); f8.enabled) {
     const std::vector<std::string> converted = convert_float8_linears(*model_, f8);
     if (rank0_)
-      log::info("float8: recipe " + f8.recipe + ", emulated (quantize -> dequantize, float32 GEMMs) in " +
+      log::info("float8: recipe " + f8.recipe +
+                (f8.emulate ? ", emulated (quantize -> dequantize, high-precision GEMMs) in "
+                            : ", FP8 GEMMs (e4m3 / e5m2 operands, fp32 accumulation) in ") +
                 std::to_string(converted.size()) + " linear layers of this rank's model" +
                 (converted.empty() ? "" : " (" + converted.front() + " ... " + converted.back() + ")") +
-                "; the output head, embedding and routed experts stay float32. " + kFloat8MfuConvention);
+                "; the output head, embedding and routed experts stay in high precision. " + kFloat8MfuConvention);
   }
   if (sharded_) {
     ShardedOptions so;

@@ -14,11 +14,16 @@
 // Document masking ([model] attn_mask_type = "block_causal") runs the same comparison on samples
 // packed with EOS-terminated documents: the doc_start table goes to the GPU kernels as it goes
 // to the CPU's.
+// Float8 training (TorchAO's recipes) compares the GPU's FP8 GEMMs (bf16 activations) with the
+// CPU's emulation: the looser tolerances there are quantization's, not the kernels' (a bf16
+// rounding that moves a value across an e4m3 rounding midpoint changes its code by one step,
+// 6 % of the value on average).
 #include <cmath>
 #include <random>
 
 #include "gpu_test_util.hpp"
 #include "graph/executor.hpp"
+#include "model/float8_linears.hpp"
 #include "model/transformer.hpp"
 #include "optim/adamw.hpp"
 #include "parallel/grad_sync.hpp"
@@ -38,11 +43,13 @@ struct StepResult {
 };
 
 /// One forward/backward of `samples` [b, t+1] and one AdamW step on `dev`; eos ≥ 0 masks
-/// attention to the documents ending with that token.
+/// attention to the documents ending with that token; f8, when set, converts the linears to
+/// Float8 training.
 StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std::vector<int32_t>& samples, int64_t b,
-                    int64_t t, CheckpointPolicy policy = {}, int32_t eos = -1) {
+                    int64_t t, CheckpointPolicy policy = {}, int32_t eos = -1, const Float8Config* f8 = nullptr) {
   Transformer model(args, dev, {}, {}, compute);
   model.init_weights(1234);
+  if (f8) convert_float8_linears(model, *f8);
   if (eos >= 0) model.set_document_mask_eos(eos);
   Executor exec(model.units(), model.block_index(), policy);
   MixedPrecisionHooks hooks(model, nullptr);
@@ -98,7 +105,8 @@ double value_excess(const std::vector<float>& a, const std::vector<float>& b, co
 constexpr int32_t kEos = 2;
 
 void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_tol, double value_tol,
-             CheckpointPolicy policy = {}, bool documents = false) {
+             CheckpointPolicy policy = {}, bool documents = false, const Float8Config* cpu_f8 = nullptr,
+             const Float8Config* gpu_f8 = nullptr) {
   const int64_t b = 2, t = documents ? 200 : 64;
   auto samples = random_tokens(b * (t + 1), args.vocab_size, 99);
   if (documents) {
@@ -108,8 +116,8 @@ void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_
     for (int64_t end : {30, 31, 32, 120}) samples[size_t(t + 1 + end)] = kEos;
   }
   const int32_t eos = documents ? kEos : -1;
-  const StepResult c = one_step(cpu(), args, DType::kF32, samples, b, t, policy, eos);
-  const StepResult g = one_step(gpu(), args, compute, samples, b, t, policy, eos);
+  const StepResult c = one_step(cpu(), args, DType::kF32, samples, b, t, policy, eos, cpu_f8);
+  const StepResult g = one_step(gpu(), args, compute, samples, b, t, policy, eos, gpu_f8);
   const double loss_err = std::fabs(g.loss - c.loss) / std::fabs(c.loss);
   BOOST_TEST_MESSAGE(args.name << " " << dtype_name(compute) << ": loss cpu " << c.loss << " gpu " << g.loss);
   BOOST_CHECK_MESSAGE(loss_err <= loss_tol, "loss rel err " << loss_err << " > " << loss_tol);
@@ -165,6 +173,22 @@ BOOST_AUTO_TEST_CASE(llama3_debug_step_block_causal) {
   a.n_kv_heads = 2;
   a.head_dim = a.dim / a.n_heads;
   compare(a, DType::kBF16, 1e-2, 5e-2, 0.05 * kLr, {}, true);
+}
+
+// Float8: for each recipe, the GPU's emulation in f32 (its casts are the CPU's bit for bit; only
+// GEMM rounding differs, and the rare code it flips) and its FP8 GEMMs in bf16.
+BOOST_AUTO_TEST_CASE(llama3_debug_step_float8) {
+  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    BOOST_TEST_MESSAGE("float8 recipe " << recipe);
+    Float8Config emulated;
+    emulated.enabled = true;
+    emulated.recipe = recipe;
+    emulated.emulate = true;
+    Float8Config fp8 = emulated;
+    fp8.emulate = false;
+    compare(debug("llama3"), DType::kF32, 1e-3, 2e-2, 0.05 * kLr, {}, false, &emulated, &emulated);
+    compare(debug("llama3"), DType::kBF16, 2e-2, 0.15, 0.05 * kLr, {}, false, &emulated, &fp8);
+  }
 }
 
 int main(int argc, char** argv) { return gpu_test_main(argc, argv); }

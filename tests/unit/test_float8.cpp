@@ -1,10 +1,13 @@
 #define BOOST_TEST_MODULE float8
 #include <boost/test/unit_test.hpp>
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "device/cuda/float8_math.hpp"
 #include "tensor/float8.hpp"
 
 using namespace meshtrain;
@@ -125,4 +128,58 @@ BOOST_AUTO_TEST_CASE(group_amax_over_shards_reproduces_the_whole_cast) {
   std::vector<float> q(4);
   float8_quantize_with_amax(y.data(), 1, 4, Float8Format::kE4M3, Float8Scaling::kTensorwise, false, &amax, q.data());
   for (float v : q) BOOST_TEST(std::isnan(v));
+}
+
+// The arithmetic the CUDA cast kernels run (device/cuda/float8_math.hpp, compiled here as plain
+// C++) against this emulation: rounding bit for bit over a sweep of float32 bit patterns that
+// covers every exponent, every midpoint between neighbouring codes, saturation, subnormals, ±0,
+// ±inf and NaN; scales for amax values across the range; the codes of every representable value.
+BOOST_AUTO_TEST_CASE(device_arithmetic_matches_the_emulation) {
+  const auto same = [](float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  };
+  for (const Float8Format f : {Float8Format::kE4M3, Float8Format::kE5M2}) {
+    const f8::Format g = f == Float8Format::kE4M3 ? f8::e4m3() : f8::e5m2();
+    const Float8Limits l = float8_limits(f);
+    BOOST_TEST((g.mantissa_bits == l.mantissa_bits && g.min_normal_exp == l.min_normal_exp && g.max == l.max));
+    std::vector<float> xs;
+    for (uint64_t u = 0; u <= 0xFFFFFFFFull; u += 65521) xs.push_back(std::bit_cast<float>(uint32_t(u)));
+    // Every code, its neighbours' midpoints and the floats just around them (ties and near-ties).
+    std::vector<float> codes;
+    for (int c = 0; c < 256; ++c) {
+      const float v = f8::decode(uint8_t(c), g);
+      if (std::isfinite(v)) codes.push_back(v);
+    }
+    std::sort(codes.begin(), codes.end());
+    for (size_t i = 0; i + 1 < codes.size(); ++i) {
+      const float mid = 0.5f * (codes[i] + codes[i + 1]);
+      for (float x : {mid, std::nextafter(mid, -INFINITY), std::nextafter(mid, INFINITY), codes[i]}) xs.push_back(x);
+    }
+    for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, std::nanf(""), l.max * 1.03125f, l.max * 1.0625f,
+                    std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()})
+      xs.push_back(x);
+    int64_t mismatches = 0;
+    for (float x : xs) {
+      const float want = float8_round(x, f), got = f8::round(x, g);
+      if (!same(want, got)) ++mismatches;
+      // The code of a rounded value decodes back to it (NaN to a NaN).
+      if (!same(f8::decode(f8::encode(got, g), g), got)) ++mismatches;
+    }
+    BOOST_TEST(mismatches == 0);
+    // Every finite code: encode is decode's inverse (the two zeros included).
+    for (int c = 0; c < 256; ++c) {
+      const float v = f8::decode(uint8_t(c), g);
+      if (std::isfinite(v)) BOOST_TEST(int(f8::encode(v, g)) == c);
+    }
+    for (bool pow2 : {false, true})
+      for (float a : {0.0f, 1e-13f, 1e-12f, 3.0f, 448.0f, 1e30f, 3.4e38f, std::numeric_limits<float>::denorm_min(),
+                      INFINITY, std::nanf(""), 0.1f, 57344.0f, 7.5e-6f})
+        BOOST_TEST(same(f8::scale(a, g, pow2), float8_scale(a, f, pow2)), "amax " << a << " pow2 " << pow2);
+  }
+  // Amax keys: integer order is |x| order; NaN and ±inf give +inf.
+  BOOST_TEST(f8::amax_key(-2.0f) == std::bit_cast<uint32_t>(2.0f));
+  BOOST_TEST(f8::amax_key(std::nanf("")) == std::bit_cast<uint32_t>(INFINITY));
+  BOOST_TEST(f8::amax_key(-INFINITY) == std::bit_cast<uint32_t>(INFINITY));
+  BOOST_TEST(f8::amax_key(-0.0f) == 0u);
+  BOOST_TEST(f8::amax_key(3.0f) > f8::amax_key(-2.5f));
 }

@@ -196,6 +196,50 @@ class CudaDevice final : public Device {
   void fill(const Tensor& x, float value) override;
   void cast(const Tensor& dst, const Tensor& src) override;
 
+  // ---- Float8 training (float8.cu) ----
+  /// The casts of Device::float8_cast / float8_amax / float8_cast_with_amax on the GPU, bit for
+  /// bit the CPU emulation's (tensor/float8.hpp; the shared arithmetic is float8_math.hpp): src
+  /// and dst f32 or bf16 (one dtype; bf16 values are widened exactly, the dequantized result
+  /// rounded to bf16 to nearest even), 2-D, contiguous; amax f32 [float8_group_count]. Amax is
+  /// a max over integer keys (atomicMax for tensorwise and columnwise groups), so it is exact
+  /// and deterministic; a group holding a NaN or ±inf gets +inf, whose scale 0 turns every value
+  /// of the group into NaN (the CPU's float8_cast turns them into NaN through a NaN scale: same
+  /// values, NaN payloads aside). Asynchronous. @throws std::invalid_argument on dtypes or
+  /// shapes.
+  void float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) override;
+  void float8_amax(const Tensor& src, Float8Scaling scaling, const Tensor& amax) override;
+  void float8_cast_with_amax(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& amax,
+                             const Tensor& dst) override;
+  /// Float8 GEMM (Device::float8_matmul). emulate, or an operand left in high precision: the
+  /// emulation (Device's default, on these casts and a bf16 / f32 matmul). Otherwise real FP8
+  /// GEMMs through cuBLASLt (NVIDIA cuBLAS documentation, cublasLtMatmul, "FP8" requirements;
+  /// TorchAO's torch._scaled_mm calls): each operand is cast to e4m3 / e5m2 bytes in the layout
+  /// Hopper's FP8 kernels need (both operands K-major, "TN"; a transposing cast where the stored
+  /// operand is not), leading dimension padded to 16 bytes, with its scales; fp32 accumulation
+  /// (CUBLAS_COMPUTE_32F, fast accumulation off); D = C of c's dtype (bf16 or f32).
+  ///   tensorwise × tensorwise: one cuBLASLt call with the dequantization scales 1/s as
+  ///     CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER, alpha and beta into c directly;
+  ///   a rowwise / columnwise operand: one unscaled FP8 GEMM into an f32 temporary [M, N], then
+  ///     c = alpha · acc · (1/s_a[i]) · (1/s_b[j]) + beta · c (exact factorisation: every group
+  ///     spans the reduction dimension). cuBLASLt's outer-vector scale mode
+  ///     (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) is not used: CUDA 13 documents it without
+  ///     promising sm_90 kernels, and this path needs none.
+  /// A group must span the reduction dimension (op(A) per row, op(B) per column, or tensorwise:
+  /// every TorchAO recipe's GEMMs). A problem cuBLASLt has no FP8 algorithm for (e5m2 × e5m2, a
+  /// misaligned C that no temporary can fix) runs the emulation instead; float8_gemm_stats counts
+  /// both kinds. Asynchronous.
+  /// @throws std::runtime_error on a GPU below compute capability 8.9 (no FP8 tensor cores),
+  ///         naming [quantize.linear.float8] emulate = true as the way out; std::invalid_argument
+  ///         on shapes, dtypes or a scaling group along an output dimension.
+  void float8_matmul(const Float8Operand& a, bool trans_a, const Float8Operand& b, bool trans_b, bool power_of_two,
+                     bool emulate, const Tensor& c, float alpha, float beta) override;
+  /// Counts of float8_matmul calls with both operands quantized and emulate = false.
+  struct Float8GemmStats {
+    int64_t fp8 = 0;       ///< ran as cuBLASLt FP8 GEMMs
+    int64_t emulated = 0;  ///< cuBLASLt had no FP8 algorithm: emulated
+  };
+  Float8GemmStats float8_gemm_stats();
+
   /// Device-side error flag (first bad id + 1, 0 = none) the id-checking kernels set.
   int* error_flag() const { return error_flag_; }
 
@@ -242,6 +286,23 @@ class CudaDevice final : public Device {
   /// cublasLtMatmulAlgoGetHeuristic's best algorithm for `plan`'s descriptors and `key`'s
   /// alignments. Counts heuristic_calls. @throws std::runtime_error on a cuBLASLt error.
   MatmulAlgo matmul_heuristic(const MatmulPlan& plan, const PlanKey& key);
+  /// An operand of an FP8 GEMM as cuBLASLt reads it (float8.cu): bytes [rows, ld] (K-major,
+  /// ld = K rounded up to 16) in an i32 tensor used as raw storage, and the dequantization
+  /// scales 1/s [1 or rows].
+  struct Float8Bytes {
+    Tensor bytes, inv_scale;
+    cudaDataType_t type{};
+    bool per_row = false;
+  };
+  /// Casts o (stored [R, C]) to the K-major bytes of a GEMM operand with `rows` = R (transpose
+  /// false) or C (true). @throws std::invalid_argument for a scaling group along the output.
+  Float8Bytes float8_bytes(const Float8Operand& o, bool transpose, bool power_of_two, const char* which);
+  /// D[M, N] (row-major, dtype d_type, ld N) = alpha · (a · bᵀ) · scales + beta · D on cuBLASLt's
+  /// FP8 kernels, a and b K-major [M, ld] / [N, ld]; with `scaled`, their tensorwise inverse
+  /// scales as A/B scale pointers. Returns false, launching nothing, when cuBLASLt has no
+  /// algorithm. @throws std::runtime_error on a cuBLASLt error.
+  bool float8_lt_matmul(const Float8Bytes& a, const Float8Bytes& b, int64_t m, int64_t n, int64_t k, bool scaled,
+                        void* d, DType d_type, float alpha, float beta);
   /// Frees every CUDA resource this object holds (null handles skipped); throws nothing.
   void release_resources() noexcept;
 
@@ -266,6 +327,11 @@ class CudaDevice final : public Device {
   LruCache<PlanKey, std::shared_ptr<MatmulPlan>> plans_{kMaxMatmulPlans};
   std::map<PlanKey, MatmulAlgo> algos_;
   int64_t heuristic_calls_ = 0;
+  // FP8 GEMM algorithms per exact problem (m, n, k, A type, B type, D type, scaled, D alignment),
+  // under plan_mu_; cleared when it outgrows kMaxMatmulPlans (linear layers have few shapes).
+  using Float8Key = std::tuple<int64_t, int64_t, int64_t, int, int, int, bool, int>;
+  std::map<Float8Key, MatmulAlgo> float8_algos_;
+  Float8GemmStats float8_stats_;
   // Pinned bounce buffers of upload(), used round-robin; stage_done_[i] is recorded on the
   // compute stream after the copy out of buffer i, so the buffer is refilled only after it.
   static constexpr int kStageSlots = 4;

@@ -28,34 +28,56 @@ bool group_spans_split(Float8Scaling s, int split) {
   return s == Float8Scaling::kTensorwise || (s == Float8Scaling::kRowwise) == (split == 1);
 }
 
-// An operand of a Float8 GEMM: its cast into a temporary (freed after the GEMM; backward casts
-// again from the saved high-precision tensors, as TorchAO's rowwise recipes do), or the tensor
-// itself in high precision (no recipe, or the recipe leaves this operand unquantized). Under tp,
-// a scaling group split across the ranks takes the max of their amax first, so every rank
-// scales it as one tensor would (blocking, on the tp group).
+// An operand of a Float8 GEMM before its cast. Under tp, a scaling group split across the
+// ranks gets the max of their amax first, so every rank scales it as one tensor would
+// (blocking, on the tp group).
+Float8Operand float8_source(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast,
+                            Operand role) {
+  Float8Operand o{t, (*w.float8).*cast, Tensor()};
+  if (!o.cast.quantize || !w.float8_tp || !group_spans_split(o.cast.scaling, split_dim(w, role))) return o;
+  o.amax = dev.empty({float8_group_count(t.dim(0), t.dim(1), o.cast.scaling)}, DType::kF32, MemCategory::kTemporaries);
+  dev.float8_amax(t, o.cast.scaling, o.amax);
+  w.float8_tp->all_reduce(o.amax, ReduceOp::kMax)->wait();
+  return o;
+}
+
+// The operand as a high-precision GEMM reads it: its cast into a temporary (freed after the
+// GEMM; backward casts again from the saved high-precision tensors, as TorchAO's rowwise
+// recipes do), or the tensor itself (no recipe, or the recipe leaves this operand unquantized).
 Tensor float8_operand(Device& dev, const Tensor& t, const Parameter& w, Float8Cast Float8LinearRecipe::*cast,
                       Operand role) {
   if (!w.float8 || !((*w.float8).*cast).quantize) return t;
-  const Float8Cast& c = (*w.float8).*cast;
+  const Float8Operand o = float8_source(dev, t, w, cast, role);
   Tensor q = dev.empty(t.shape(), t.dtype(), MemCategory::kTemporaries);
-  if (!w.float8_tp || !group_spans_split(c.scaling, split_dim(w, role))) {
-    dev.float8_cast(t, c, w.float8->power_of_two, q);
-    return q;
-  }
-  const int64_t groups = float8_group_count(t.dim(0), t.dim(1), c.scaling);
-  Tensor amax = dev.empty({groups}, DType::kF32, MemCategory::kTemporaries);
-  dev.float8_amax(t, c.scaling, amax);
-  w.float8_tp->all_reduce(amax, ReduceOp::kMax)->wait();
-  dev.float8_cast_with_amax(t, c, w.float8->power_of_two, amax, q);
+  if (o.amax.defined())
+    dev.float8_cast_with_amax(t, o.cast, w.float8->power_of_two, o.amax, q);
+  else
+    dev.float8_cast(t, o.cast, w.float8->power_of_two, q);
   return q;
+}
+
+// One GEMM c = alpha·op(a)·op(b) + beta·c of a linear layer: with both operands quantized by
+// w's recipe, Device::float8_matmul (FP8 GEMMs where the device has them and the recipe does
+// not emulate); otherwise an ordinary matmul of the operands as float8_operand gives them
+// (rowwise_with_gw_hp's high-precision weight gradient).
+using R = Float8LinearRecipe;
+void linear_gemm(Device& dev, const Parameter& w, const Tensor& a, Float8Cast R::*ca, Operand ra, bool ta,
+                 const Tensor& b, Float8Cast R::*cb, Operand rb, bool tb, const Tensor& c, float beta) {
+  if (w.float8 && ((*w.float8).*ca).quantize && ((*w.float8).*cb).quantize) {
+    const Float8Operand oa = float8_source(dev, a, w, ca, ra);
+    const Float8Operand ob = float8_source(dev, b, w, cb, rb);
+    dev.float8_matmul(oa, ta, ob, tb, w.float8->power_of_two, w.float8->emulate, c, 1.0f, beta);
+    return;
+  }
+  const Tensor qa = float8_operand(dev, a, w, ca, ra);
+  const Tensor qb = float8_operand(dev, b, w, cb, rb);
+  dev.matmul(qa, ta, qb, tb, c, 1.0f, beta);
 }
 }  // namespace
 
 void linear_forward_into(Device& dev, const Tensor& x, const Parameter& w, const Tensor& y) {
-  const Tensor& wc = w.compute_value();
-  using R = Float8LinearRecipe;
-  dev.matmul(float8_operand(dev, x, w, &R::output_x, Operand::kX), false,
-             float8_operand(dev, wc, w, &R::output_w, Operand::kW), true, y, 1.0f, 0.0f);
+  linear_gemm(dev, w, x, &R::output_x, Operand::kX, false, w.compute_value(), &R::output_w, Operand::kW, true, y,
+              0.0f);
 }
 
 Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCategory cat) {
@@ -65,9 +87,8 @@ Tensor linear_forward(Device& dev, const Tensor& x, const Parameter& w, MemCateg
 }
 
 void linear_weight_grad(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w) {
-  using R = Float8LinearRecipe;
-  dev.matmul(float8_operand(dev, dy, w, &R::grad_weight_dy, Operand::kDy), true,
-             float8_operand(dev, x, w, &R::grad_weight_x, Operand::kX), false, w.grad, 1.0f, 1.0f);
+  linear_gemm(dev, w, dy, &R::grad_weight_dy, Operand::kDy, true, x, &R::grad_weight_x, Operand::kX, false, w.grad,
+              1.0f);
 }
 
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
@@ -78,15 +99,9 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
     ctx.defer_weight_grads->linear(dy, x, w);
   else
     linear_weight_grad(dev, dy, x, w);
-  using R = Float8LinearRecipe;
-  const Tensor dyq = float8_operand(dev, dy, w, &R::grad_input_dy, Operand::kDy);
-  const Tensor wq = float8_operand(dev, wc, w, &R::grad_input_w, Operand::kW);
-  if (accumulate_dx) {
-    dev.matmul(dyq, false, wq, false, *accumulate_dx, 1.0f, 1.0f);
-    return *accumulate_dx;
-  }
-  Tensor dx = dev.empty({dy.dim(0), wc.dim(1)}, dy.dtype(), MemCategory::kActivations);
-  dev.matmul(dyq, false, wq, false, dx, 1.0f, 0.0f);
+  const Tensor dx = accumulate_dx ? *accumulate_dx : dev.empty({dy.dim(0), wc.dim(1)}, dy.dtype(), MemCategory::kActivations);
+  linear_gemm(dev, w, dy, &R::grad_input_dy, Operand::kDy, false, wc, &R::grad_input_w, Operand::kW, false, dx,
+              accumulate_dx ? 1.0f : 0.0f);
   return dx;
 }
 
