@@ -99,7 +99,8 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
     ctx.defer_weight_grads->linear(dy, x, w);
   else
     linear_weight_grad(dev, dy, x, w);
-  const Tensor dx = accumulate_dx ? *accumulate_dx : dev.empty({dy.dim(0), wc.dim(1)}, dy.dtype(), MemCategory::kActivations);
+  const Tensor dx =
+      accumulate_dx ? *accumulate_dx : dev.empty({dy.dim(0), wc.dim(1)}, dy.dtype(), MemCategory::kActivations);
   linear_gemm(dev, w, dy, &R::grad_input_dy, Operand::kDy, false, wc, &R::grad_input_w, Operand::kW, false, dx,
               accumulate_dx ? 1.0f : 0.0f);
   return dx;
