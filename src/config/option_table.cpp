@@ -399,8 +399,7 @@ std::vector<Option> build_option_table() {
     s.boolean("enable_async_tensor_parallel", &ParallelismSection::enable_async_tensor_parallel,
               "tp > 1 with sequence parallelism: the blocks' all-gather + column-parallel matmuls and row-parallel "
               "matmul + reduce-scatter run as tp ring steps, each transfer overlapped with the matmul of a row block "
-              "already received (async TP); the embedding, output head, routed experts and Float8 linears keep the plain "
-              "collectives");
+              "already received (async TP); the embedding, output head and routed experts keep the plain collectives");
   }
   {
     Section<ActivationCheckpointSection> s{o, "activation_checkpoint", &JobConfig::activation_checkpoint};

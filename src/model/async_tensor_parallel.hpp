@@ -14,8 +14,10 @@
 ///    At step s = 0 … tp−1 rank r holds block b = r − s: it passes that block on to r+1 while
 ///    receiving block r − s − 1 from r−1, and meanwhile multiplies block b into rows b of every
 ///    output. After tp steps it has every block (the gathered x [N, D], kept for the weight
-///    gradients) and every row of every output. Each output row comes from the same GEMM on the
-///    same row as tp_enter + a whole matmul, so the results equal the synchronous ones.
+///    gradients) and every row of every output. Each output row comes from a GEMM on the same
+///    row as tp_enter + a whole matmul: the results equal the synchronous ones, bit for bit where
+///    the device's GEMM gives a block the same rows as the whole (the cpu device, with blocks of
+///    a multiple of 16 rows; ~1e-7 relative otherwise).
 ///  - matmul_reduce_scatter (a row-parallel region's exit: Σ_ranks a · Wᵀ [N, D] → [n, D]).
 ///    An accumulator for block b starts on rank b+1 as that rank's partial product of rows b,
 ///    and travels the ring: each rank it reaches adds its own partial product of those rows
@@ -26,15 +28,18 @@
 /// Backward uses the same two operators with the roles swapped: the row-parallel layer's
 /// output gradient dout [n, D] enters through all_gather_matmul (dh = dout · W2, gathered dout
 /// kept for dW2), and the column-parallel layers' input gradient Σ_i dy_i · W_i leaves through
-/// matmul_reduce_scatter. The weight gradients keep the full gathered tensors
-/// (linear_backward_weight).
+/// matmul_reduce_scatter. The weight gradients read the whole gathered tensors, computed as
+/// linear_backward computes them (or recorded for the split backward's W pass).
 ///
 /// Transfers are Communicator::send_recv_batch pairs with tags of their own (MPI: independent
 /// non-blocking transfers; NCCL: one group on the communication stream), so every device runs
-/// it. Float8 linears keep the synchronous tp_enter / tp_exit around their GEMMs (the
-/// tp_region_* functions pick that path): their operand casts take scales over all rows, the
-/// amax all-reduced over tp, and their GEMMs go through the Float8 recipe's own path
-/// (layers/primitives.cpp), so a row block cannot be multiplied on its own as it arrives. The
+/// it. Float8 linears (the recipe's casts of each GEMM operand, layers/primitives.hpp): W's cast
+/// and A's amax are taken once over the whole operand, as the synchronous path takes them, and
+/// only the GEMM is cut into row blocks (linear_rows_gemm), so the results are the same. The
+/// gathered operand's amax is known before its blocks arrive: tensorwise, the max over tp of
+/// each rank's block amax (one all-reduce of one float); rowwise, each block's own rows. A
+/// columnwise-scaled left operand (none of TorchAO's recipes has one) would keep the
+/// synchronous collectives (tp_region_*). The
 /// embedding, the output head and the routed experts keep the synchronous collectives too —
 /// TorchTitan also applies async TP only to the blocks' sequence-parallel linears. Per-operator
 /// checkpointing sees the fused entry's outputs as the same kMatmul operators as before (a
@@ -42,7 +47,7 @@
 /// fused exit as one kCollective operator, kept as the reduce-scatter's output is.
 #include <vector>
 
-#include "model/layer.hpp"
+#include "model/layers/primitives.hpp"
 #include "model/tensor_parallel.hpp"
 
 namespace meshtrain {
@@ -50,10 +55,6 @@ namespace meshtrain {
 /// Whether the layers run their tp regions through the fused operators below: tp > 1,
 /// sequence parallelism and TensorParallel::async. Throws nothing.
 bool async_tp_active(const TensorParallel& tp);
-
-/// The two GEMMs of a linear layer y = x · Wᵀ (W [out, in]) whose left operand has N rows: the
-/// forward (x [N, in] · Wᵀ → [N, out]) and the input gradient (dy [N, out] · W → [N, in]).
-enum class LinearGemm { kForward, kInputGrad };
 
 /// One GEMM of a fused operator: linear layer `w` (a Parameter of the calling layer) and which
 /// of its GEMMs — kForward: A · Wᵀ [rows, out]; kInputGrad: A · W [rows, in].
@@ -71,12 +72,12 @@ struct AllGatherMatmul {
 /// All-gather over tp of a_local [n, K] along the rows (N = n·tp), fused with the GEMMs `gemms`
 /// whose left operand is the gathered [N, K] (K = in for kForward, out for kInputGrad), in tp
 /// ring steps (file comment). Equal to tp_enter followed by one linear GEMM per entry (bitwise
-/// where the device's GEMM rows do not depend on the row count, as on the cpu device). The
-/// weights are read as W's compute copy (no Float8 recipe).
+/// where the device's GEMM rows do not depend on the row count: on the cpu device when n is a
+/// multiple of 16). Float8 linears read their operands through their recipe's casts.
 /// Collective over tp: every rank calls it with the same shapes. Source: Wang et al. 2023;
 /// PyTorch's fused_all_gather_matmul (torch.distributed._symmetric_memory), as TorchTitan uses it.
 /// @throws std::invalid_argument unless async_tp_active(tp), on an empty `gemms`, a GEMM whose
-/// inner size is not K or a Float8 weight; CommError.
+/// inner size is not K, or a Float8 cast of A by columns (linear_rows_separable); CommError.
 AllGatherMatmul all_gather_matmul(Device& dev, const TensorParallel& tp, const Tensor& a_local,
                                   const std::vector<TpGemm>& gemms);
 
@@ -88,7 +89,7 @@ AllGatherMatmul all_gather_matmul(Device& dev, const TensorParallel& tp, const T
 /// tp. Source: Wang et al. 2023; PyTorch's fused_matmul_reduce_scatter, as TorchTitan uses it.
 /// @throws std::invalid_argument unless async_tp_active(tp), on sizes that do not match
 /// (lhs.size() != gemms.size(), rows not divisible by tp or differing, output widths differing)
-/// or a Float8 weight; CommError.
+/// or a Float8 cast of A by columns; CommError.
 Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::vector<Tensor>& lhs,
                              const std::vector<TpGemm>& gemms);
 
@@ -97,8 +98,8 @@ Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::v
 
 /// Entry of a column-parallel region: x_local [n, D] → gathered [N, D] (tp_enter) and, under
 /// async TP, outs[i] = x · W_iᵀ [N, out_i] of `weights` (all_gather_matmul); otherwise outs is
-/// empty (synchronous TP, no tp, or a Float8 weight among `weights`) and the layer runs
-/// linear_forward on `gathered` itself. @throws CommError.
+/// empty (synchronous TP, no tp, or a weight whose A cast is not separable by rows) and the
+/// layer runs linear_forward on `gathered` itself. @throws CommError.
 AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local, const std::vector<const Parameter*>& weights);
 
 /// Exit of a row-parallel region in forward: h [N, K] · Wᵀ reduced over tp → [n, D] (sequence

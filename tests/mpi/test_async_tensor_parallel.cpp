@@ -12,7 +12,9 @@
 //   the order of the sum over ranks differs), bit for bit at tp 2 with 32 rows;
 // - both move the bytes of the collective they replace, as ring send/recv (no all-gather or
 //   reduce-scatter is issued);
-// - misuse throws std::invalid_argument (async off, a Float8 weight, rows tp does not divide).
+// - the same with Float8 linears (tensorwise, rowwise, rowwise_with_gw_hp; weights split over tp
+//   so that the casts' amax all-reduces run as in training);
+// - misuse throws std::invalid_argument (async off, rows tp does not divide).
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
@@ -75,7 +77,16 @@ void check_close(const Tensor& a, const Tensor& b, bool bitwise, const char* wha
   BOOST_TEST(err <= 1e-6, what << ": max rel err " << err);
 }
 
-void check_tp(int size, int64_t rows) {
+// Marks w as a Float8 linear under `recipe` ("": none) split over tp along tp_dim, so that
+// scaling groups the split cuts take their amax over tp (as convert_float8_linears sets it up).
+void float8(Parameter& w, const std::string& recipe, int tp_dim, Communicator* tp) {
+  w.sharding.tp_dim = tp_dim;
+  if (recipe.empty()) return;
+  w.float8 = std::make_shared<Float8LinearRecipe>(float8_linear_recipe(recipe));
+  w.float8_tp = tp;
+}
+
+void check_tp(int size, int64_t rows, const std::string& recipe) {
   testing::TpSetup s(size, true, true);
   if (s.tp.size != size) return;  // the rank left over by a group size that does not divide 4
   s.tp.async = true;
@@ -84,9 +95,15 @@ void check_tp(int size, int64_t rows) {
   const int64_t d = 12, n = rows * size;
   const bool aligned = rows % 16 == 0;
   const unsigned r = unsigned(tp.rank);
-  BOOST_TEST_CONTEXT("tp " << size << ", rank " << tp.rank << ", " << rows << " rows") {
-    // Column-parallel entry: x [n/tp, d] gathered, then two forward GEMMs and one input gradient.
+  StepContext ctx;  // for linear_backward, the synchronous input gradient
+  ctx.dev = &dev;
+  BOOST_TEST_CONTEXT("tp " << size << ", rank " << tp.rank << ", " << rows << " rows, float8 '" << recipe << "'") {
+    // Column-parallel entry: x [n/tp, d] gathered, then two forward GEMMs (column-parallel
+    // weights) and one input gradient (a row-parallel weight's, as for dout · Wo).
     Parameter w1 = weight(dev, "w1", 7, d, 11), w2 = weight(dev, "w2", 9, d, 12), w3 = weight(dev, "w3", d, 6, 13);
+    float8(w1, recipe, 0, s.comm.get());
+    float8(w2, recipe, 0, s.comm.get());
+    float8(w3, recipe, 1, s.comm.get());
     const Tensor x = random_tensor(dev, rows, d, 100 + r);
     const int64_t gathered_before = sent(*s.comm, CollectiveKind::kAllGather);
     const Tensor want_x = tp_enter(dev, tp, x);
@@ -97,21 +114,25 @@ void check_tp(int size, int64_t rows) {
     BOOST_TEST(sent(*s.comm, CollectiveKind::kSendRecv) - p2p_before == gather_bytes);
     BOOST_TEST(sent(*s.comm, CollectiveKind::kAllGather) - gathered_before == gather_bytes);  // none issued
     BOOST_TEST(host_of(got.gathered) == host_of(want_x), boost::test_tools::per_element());
-    const std::vector<std::pair<const Parameter*, bool>> ag{{&w1, true}, {&w2, true}, {&w3, false}};
-    BOOST_TEST_REQUIRE(got.outs.size() == ag.size());
-    for (size_t i = 0; i < ag.size(); ++i) {
-      const Tensor& w = ag[i].first->value;
-      Tensor want = dev.empty({n, ag[i].second ? w.dim(0) : w.dim(1)}, DType::kF32, MemCategory::kTemporaries);
-      dev.matmul(want_x, false, w, ag[i].second, want, 1.0f, 0.0f);
-      check_close(got.outs[i], want, aligned, "all_gather_matmul vs tp_enter + matmul");
-    }
+    BOOST_TEST_REQUIRE(got.outs.size() == 3u);
+    check_close(got.outs[0], linear_forward(dev, want_x, w1), aligned, "all_gather_matmul vs tp_enter + linear");
+    check_close(got.outs[1], linear_forward(dev, want_x, w2), aligned, "all_gather_matmul vs tp_enter + linear");
+    w3.grad = dev.empty({d, 6}, DType::kF32, MemCategory::kTemporaries);
+    dev.fill(w3.grad, 0.0f);
+    const Tensor unused_x = random_tensor(dev, n, 6, 1);
+    check_close(got.outs[2], linear_backward(ctx, want_x, unused_x, w3), aligned,
+                "all_gather_matmul vs tp_enter + linear input gradient");
 
-    // Row-parallel exit: this rank's partial h · Waᵀ + g · Wb [n, d] reduce-scattered.
+    // Row-parallel exit: this rank's partial h · Waᵀ + g · Wb [n, d] reduce-scattered (the
+    // forward of a row-parallel weight and the input gradient of a column-parallel one).
     Parameter wa = weight(dev, "wa", d, 8, 21), wb = weight(dev, "wb", 5, d, 22);
+    float8(wa, recipe, 1, s.comm.get());
+    float8(wb, recipe, 0, s.comm.get());
+    wb.grad = dev.empty({5, d}, DType::kF32, MemCategory::kTemporaries);
+    dev.fill(wb.grad, 0.0f);
     const Tensor h = random_tensor(dev, n, 8, 200 + r), g = random_tensor(dev, n, 5, 300 + r);
-    Tensor partial = dev.empty({n, d}, DType::kF32, MemCategory::kTemporaries);
-    dev.matmul(h, false, wa.value, true, partial, 1.0f, 0.0f);
-    dev.matmul(g, false, wb.value, false, partial, 1.0f, 1.0f);
+    const Tensor partial = linear_forward(dev, h, wa);
+    linear_backward(ctx, g, random_tensor(dev, n, d, 2), wb, &partial);
     const int64_t rs_before = sent(*s.comm, CollectiveKind::kReduceScatter);
     const Tensor want_shard = tp_exit(dev, tp, partial);
     const int64_t rs_bytes = sent(*s.comm, CollectiveKind::kReduceScatter) - rs_before;
@@ -121,14 +142,11 @@ void check_tp(int size, int64_t rows) {
     BOOST_TEST(sent(*s.comm, CollectiveKind::kSendRecv) - p2p_rs == rs_bytes);
     check_close(shard, want_shard, aligned && size == 2, "matmul_reduce_scatter vs matmul + tp_exit");
 
-    // Misuse: async off, a Float8 weight, rows that tp does not divide.
+    // Misuse: async off, rows that tp does not divide.
     TensorParallel off = tp;
     off.async = false;
     BOOST_CHECK_THROW(all_gather_matmul(dev, off, x, {{&w1, LinearGemm::kForward}}), std::invalid_argument);
     BOOST_CHECK_THROW(matmul_reduce_scatter(dev, off, {h}, {{&wa, LinearGemm::kForward}}), std::invalid_argument);
-    Parameter f8 = weight(dev, "f8", 7, d, 11);
-    f8.float8 = std::make_shared<Float8LinearRecipe>(float8_linear_recipe("tensorwise"));
-    BOOST_CHECK_THROW(all_gather_matmul(dev, tp, x, {{&f8, LinearGemm::kForward}}), std::invalid_argument);
     const Tensor odd = random_tensor(dev, n + 1, 8, 7);
     BOOST_CHECK_THROW(matmul_reduce_scatter(dev, tp, {odd}, {{&wa, LinearGemm::kForward}}), std::invalid_argument);
   }
@@ -138,5 +156,13 @@ void check_tp(int size, int64_t rows) {
 
 BOOST_AUTO_TEST_CASE(fused_operators_match_the_synchronous_collectives) {
   for (const int64_t rows : {32, 5})
-    for (const int size : {2, 3, 4}) check_tp(size, rows);
+    for (const int size : {2, 3, 4}) check_tp(size, rows, "");
+}
+
+// Float8 linears (emulated on the cpu device): the casts take the whole operand's amax (over tp
+// where the groups span the split), so the fused operators still match the synchronous path.
+BOOST_AUTO_TEST_CASE(fused_operators_match_the_synchronous_collectives_under_float8) {
+  for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"})
+    for (const int size : {2, 4}) check_tp(size, 32, recipe);
+  check_tp(3, 5, "tensorwise");
 }

@@ -106,6 +106,59 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
   return dx;
 }
 
+namespace {
+// The recipe's casts of a linear GEMM's left and right operands, and the left one's role.
+Float8Cast R::*lhs_cast(LinearGemm g) { return g == LinearGemm::kForward ? &R::output_x : &R::grad_input_dy; }
+Float8Cast R::*rhs_cast(LinearGemm g) { return g == LinearGemm::kForward ? &R::output_w : &R::grad_input_w; }
+Operand lhs_role(LinearGemm g) { return g == LinearGemm::kForward ? Operand::kX : Operand::kDy; }
+}  // namespace
+
+LinearRows linear_rows_plan(Device& dev, const Parameter& w, LinearGemm g) {
+  LinearRows p{&w, g, Float8Operand{w.compute_value(), Float8Cast{}, Tensor()}, Float8Cast{}};
+  if (!w.float8) return p;
+  p.rhs = float8_source(dev, w.compute_value(), w, rhs_cast(g), Operand::kW);
+  p.lhs = (*w.float8).*lhs_cast(g);
+  return p;
+}
+
+bool linear_rows_separable(const Parameter& w, LinearGemm g) {
+  return !w.float8 || !((*w.float8).*lhs_cast(g)).quantize ||
+         ((*w.float8).*lhs_cast(g)).scaling != Float8Scaling::kColumnwise;
+}
+
+Tensor linear_rows_amax(Device& dev, const LinearRows& p, const Tensor& a) {
+  if (!p.lhs.quantize) return Tensor();
+  Float8Operand o = float8_source(dev, a, *p.w, lhs_cast(p.gemm), lhs_role(p.gemm));
+  if (!o.amax.defined()) {
+    o.amax = dev.empty({float8_group_count(a.dim(0), a.dim(1), o.cast.scaling)}, DType::kF32, MemCategory::kTemporaries);
+    dev.float8_amax(a, o.cast.scaling, o.amax);
+  }
+  return o.amax;
+}
+
+void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows, const Tensor& out,
+                      float beta) {
+  if (!linear_rows_separable(*p.w, p.gemm))
+    throw std::invalid_argument("linear_rows_gemm: " + p.w->name + "'s left operand is scaled by columns");
+  const bool trans = p.gemm == LinearGemm::kForward;
+  if (p.lhs.quantize && p.rhs.cast.quantize) {  // as linear_gemm: the Float8 GEMM
+    dev.float8_matmul(Float8Operand{a_rows, p.lhs, amax_rows}, false, p.rhs, trans, p.w->float8->power_of_two,
+                      p.w->float8->emulate, out, 1.0f, beta);
+    return;
+  }
+  // One operand in high precision (rowwise_with_gw_hp's): casts into temporaries, then matmul.
+  auto cast = [&](const Float8Operand& o) {
+    if (!o.cast.quantize) return o.src;
+    Tensor q = dev.empty(o.src.shape(), o.src.dtype(), MemCategory::kTemporaries);
+    if (o.amax.defined())
+      dev.float8_cast_with_amax(o.src, o.cast, p.w->float8->power_of_two, o.amax, q);
+    else
+      dev.float8_cast(o.src, o.cast, p.w->float8->power_of_two, q);
+    return q;
+  };
+  dev.matmul(cast(Float8Operand{a_rows, p.lhs, amax_rows}), false, cast(p.rhs), trans, out, 1.0f, beta);
+}
+
 Tensor tp_exit_kept(Device& dev, SavedTensors& saved, const TensorParallel& tp, const Tensor& partial) {
   if (!tp.active() || !tp.sequence_parallel) return tp_exit(dev, tp, partial);
   // The block's residual add writes the shard in place: a kept shard is stashed as a copy.

@@ -18,6 +18,37 @@ void linear_forward_into(Device& dev, const Tensor& x, const Parameter& w, const
 /// term deferred. dy [N, out], x [N, in] (the forward's input), W [out, in].
 Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w,
                        const Tensor* accumulate_dx = nullptr);
+/// The two GEMMs of a linear layer whose left operand A has N rows: the forward (x [N, in] · Wᵀ
+/// → [N, out]) and the input gradient (dy [N, out] · W → [N, in]).
+enum class LinearGemm { kForward, kInputGrad };
+
+/// One such GEMM prepared for row blocks of A, multiplied one by one (async TP multiplies each
+/// block as it arrives): W's operand with its Float8 amax (reduced over tp where the recipe's
+/// groups span the split) computed once, and how A is cast. linear_rows_plan builds it.
+struct LinearRows {
+  const Parameter* w = nullptr;
+  LinearGemm gemm = LinearGemm::kForward;
+  Float8Operand rhs;  ///< W's compute copy [out, in] and its cast (quantize false: high precision)
+  Float8Cast lhs;     ///< A's cast (quantize false: A is read as it is)
+};
+/// W's side of w's GEMM `g` as linear_forward / linear_backward read it. @throws CommError (W's
+/// amax all-reduce over tp, blocking).
+LinearRows linear_rows_plan(Device& dev, const Parameter& w, LinearGemm g);
+/// Whether row blocks of A can be cast on their own, with a slice of the whole A's amax: A is
+/// not quantized, or its groups are the tensor or its rows (not its columns). Throws nothing.
+bool linear_rows_separable(const Parameter& w, LinearGemm g);
+/// The amax of A's scaling groups [float8_group_count] over the whole A [N, K] of this rank,
+/// reduced over tp where the groups span the split, as linear_forward / linear_backward compute
+/// it; undefined when A is not quantized. @throws CommError.
+Tensor linear_rows_amax(Device& dev, const LinearRows& p, const Tensor& a);
+/// out [n, cols] = A' · op(W') + beta · out for rows a_rows [n, K] of A, A' and W' the operands
+/// after their casts, A's scales from amax_rows (its groups that those rows hold: [1]
+/// tensorwise, [n] rowwise; undefined when A is not quantized): the rows of the GEMM that
+/// linear_forward / linear_backward run over the whole A. @throws std::invalid_argument for an A
+/// whose row blocks are not separable (linear_rows_separable); errors of the device's GEMMs.
+void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows, const Tensor& out,
+                      float beta);
+
 /// w.grad [out, in] += dyᵀ · x: linear_backward's weight term, also run by the split backward's
 /// WeightGradQueue. dy [N, out], x [N, in].
 void linear_weight_grad(Device& dev, const Tensor& dy, const Tensor& x, const Parameter& w);
