@@ -75,6 +75,12 @@ bool fused(const TensorParallel& tp, const std::vector<const Parameter*>& weight
   return true;
 }
 
+std::vector<TpGemm> gemms_of(const std::vector<const Parameter*>& weights, LinearGemm g) {
+  std::vector<TpGemm> out;
+  for (const Parameter* w : weights) out.push_back({w, g});
+  return out;
+}
+
 // linear_backward's weight term alone: the fused operators compute the input gradient.
 void weight_grad(const StepContext& ctx, const Tensor& dy, const Tensor& x, const Parameter& w) {
   if (ctx.defer_weight_grads)
@@ -183,15 +189,8 @@ Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::v
   return out;
 }
 
-namespace {
-std::vector<TpGemm> gemms_of(const std::vector<const Parameter*>& weights, LinearGemm g) {
-  std::vector<TpGemm> out;
-  for (const Parameter* w : weights) out.push_back({w, g});
-  return out;
-}
-}  // namespace
-
-AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local, const std::vector<const Parameter*>& weights) {
+AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local,
+                                const std::vector<const Parameter*>& weights) {
   if (fused(ctx.tp, weights, LinearGemm::kForward))
     return all_gather_matmul(*ctx.dev, ctx.tp, x_local, gemms_of(weights, LinearGemm::kForward));
   return {tp_enter(*ctx.dev, ctx.tp, x_local), {}};
@@ -209,7 +208,8 @@ Tensor tp_region_exit(const StepContext& ctx, SavedTensors& saved, const Tensor&
 }
 
 Tensor tp_region_exit_backward(const StepContext& ctx, const Tensor& dout_local, const Tensor& h, const Parameter& w) {
-  if (!fused(ctx.tp, {&w}, LinearGemm::kInputGrad)) return linear_backward(ctx, tp_enter(*ctx.dev, ctx.tp, dout_local), h, w);
+  if (!fused(ctx.tp, {&w}, LinearGemm::kInputGrad))
+    return linear_backward(ctx, tp_enter(*ctx.dev, ctx.tp, dout_local), h, w);
   AllGatherMatmul g = all_gather_matmul(*ctx.dev, ctx.tp, dout_local, {{&w, LinearGemm::kInputGrad}});
   weight_grad(ctx, g.gathered, h, w);
   return g.outs[0];

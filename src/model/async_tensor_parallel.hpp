@@ -100,7 +100,8 @@ Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::v
 /// async TP, outs[i] = x · W_iᵀ [N, out_i] of `weights` (all_gather_matmul); otherwise outs is
 /// empty (synchronous TP, no tp, or a weight whose A cast is not separable by rows) and the
 /// layer runs linear_forward on `gathered` itself. @throws CommError.
-AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local, const std::vector<const Parameter*>& weights);
+AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local,
+                                const std::vector<const Parameter*>& weights);
 
 /// Exit of a row-parallel region in forward: h [N, K] · Wᵀ reduced over tp → [n, D] (sequence
 /// parallel) or [N, D]. Synchronous: a kMatmul operator then tp_exit_kept; async: one kCollective

@@ -130,14 +130,15 @@ Tensor linear_rows_amax(Device& dev, const LinearRows& p, const Tensor& a) {
   if (!p.lhs.quantize) return Tensor();
   Float8Operand o = float8_source(dev, a, *p.w, lhs_cast(p.gemm), lhs_role(p.gemm));
   if (!o.amax.defined()) {
-    o.amax = dev.empty({float8_group_count(a.dim(0), a.dim(1), o.cast.scaling)}, DType::kF32, MemCategory::kTemporaries);
+    o.amax = dev.empty({float8_group_count(a.dim(0), a.dim(1), o.cast.scaling)}, DType::kF32,
+                       MemCategory::kTemporaries);
     dev.float8_amax(a, o.cast.scaling, o.amax);
   }
   return o.amax;
 }
 
-void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows, const Tensor& out,
-                      float beta) {
+void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows,
+                      const Tensor& out, float beta) {
   if (!linear_rows_separable(*p.w, p.gemm))
     throw std::invalid_argument("linear_rows_gemm: " + p.w->name + "'s left operand is scaled by columns");
   const bool trans = p.gemm == LinearGemm::kForward;

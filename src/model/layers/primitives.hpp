@@ -46,8 +46,8 @@ Tensor linear_rows_amax(Device& dev, const LinearRows& p, const Tensor& a);
 /// tensorwise, [n] rowwise; undefined when A is not quantized): the rows of the GEMM that
 /// linear_forward / linear_backward run over the whole A. @throws std::invalid_argument for an A
 /// whose row blocks are not separable (linear_rows_separable); errors of the device's GEMMs.
-void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows, const Tensor& out,
-                      float beta);
+void linear_rows_gemm(Device& dev, const LinearRows& p, const Tensor& a_rows, const Tensor& amax_rows,
+                      const Tensor& out, float beta);
 
 /// w.grad [out, in] += dyᵀ · x: linear_backward's weight term, also run by the split backward's
 /// WeightGradQueue. dy [N, out], x [N, in].
