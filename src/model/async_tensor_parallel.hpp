@@ -53,7 +53,8 @@
 namespace meshtrain {
 
 /// Whether the layers run their tp regions through the fused operators below: tp > 1,
-/// sequence parallelism and TensorParallel::async. Throws nothing.
+/// sequence parallelism and TensorParallel::async (TorchTitan applies async TP under the same
+/// conditions; config refuses it without sequence parallelism). Throws nothing.
 bool async_tp_active(const TensorParallel& tp);
 
 /// One GEMM of a fused operator: linear layer `w` (a Parameter of the calling layer) and which
@@ -93,8 +94,9 @@ AllGatherMatmul all_gather_matmul(Device& dev, const TensorParallel& tp, const T
 Tensor matmul_reduce_scatter(Device& dev, const TensorParallel& tp, const std::vector<Tensor>& lhs,
                              const std::vector<TpGemm>& gemms);
 
-/// The tp regions of the blocks' attention and feed-forward layers, synchronous or async as
-/// ctx.tp says; with tp == 1 they are the plain linear maps.
+/// The tp regions of the blocks' attention and feed-forward layers (Megatron-LM's column- then
+/// row-parallel pairs), synchronous or async as ctx.tp says — TorchTitan's async TP covers the
+/// same linears; with tp == 1 they are the plain linear maps.
 
 /// Entry of a column-parallel region: x_local [n, D] → gathered [N, D] (tp_enter) and, under
 /// async TP, outs[i] = x · W_iᵀ [N, out_i] of `weights` (all_gather_matmul); otherwise outs is
@@ -110,7 +112,8 @@ AllGatherMatmul tp_region_enter(const StepContext& ctx, const Tensor& x_local,
 Tensor tp_region_exit(const StepContext& ctx, SavedTensors& saved, const Tensor& h, const Parameter& w);
 
 /// Backward of tp_region_exit: dout_local [n, D] (sequence parallel) → dh = dout · W [N, K], with
-/// w's weight gradient from the gathered dout and h [N, K] (linear_backward_weight). Async:
+/// w's weight gradient from the gathered dout and h [N, K] (computed, or deferred as
+/// linear_backward defers it). Async:
 /// all_gather_matmul; else tp_enter + linear_backward. @throws CommError.
 Tensor tp_region_exit_backward(const StepContext& ctx, const Tensor& dout_local, const Tensor& h, const Parameter& w);
 

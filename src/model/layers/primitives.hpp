@@ -23,8 +23,9 @@ Tensor linear_backward(const StepContext& ctx, const Tensor& dy, const Tensor& x
 enum class LinearGemm { kForward, kInputGrad };
 
 /// One such GEMM prepared for row blocks of A, multiplied one by one (async TP multiplies each
-/// block as it arrives): W's operand with its Float8 amax (reduced over tp where the recipe's
-/// groups span the split) computed once, and how A is cast. linear_rows_plan builds it.
+/// block as it arrives, model/async_tensor_parallel.hpp): W's operand with its Float8 amax
+/// (reduced over tp where the recipe's groups span the split) computed once, and how A is cast
+/// (TorchAO's Float8Linear recipes, as linear_forward applies them). linear_rows_plan builds it.
 struct LinearRows {
   const Parameter* w = nullptr;
   LinearGemm gemm = LinearGemm::kForward;
