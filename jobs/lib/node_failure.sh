@@ -10,7 +10,15 @@
 #   MESHTRAIN_MAX_RELAUNCHES   node-failure relaunches per job run (default 3)
 #   MESHTRAIN_NODE_DOWN_WAIT   seconds to wait for Slurm to mark a failed node down (default 90;
 #                              Slurm's SlurmdTimeout decides when it does)
-# A step that fails with no node down (a crash, a bad deck) is not relaunched: its status is the job's.
+#   MESHTRAIN_STARTUP_RELAUNCHES  relaunches of a step that failed before its first training step
+#                              with every node up (default 1; 0 turns them off)
+# A step that fails with no node down (a crash, a bad deck) is not relaunched: its status is the
+# job's. One exception: a step whose ranks died during start-up — before the launch trained a
+# step, with every node still up, and not by one of meshtrain's own exits (2, 4, 5) — is launched
+# again at once on the same nodes, MESHTRAIN_STARTUP_RELAUNCHES times at most. Nothing was trained,
+# so nothing is lost; the reason is Open MPI 4.1's TCP start-up race (jobs/README.md): about one
+# 8-rank launch across 4 nodes in 100 loses a rank inside MPI_Init, in a plain MPI program too.
+# A crash that repeats is still the job's failure.
 #
 # usage: set mt_deck_check=(meshtrain deck check --deck DECK) and mt_check_args=(OVERRIDES...), then
 #   mt_check_deck NTASKS                       (a bad deck stops the job script here)
@@ -60,7 +68,7 @@ mt_train_resilient() {
     srun "${srun_opts[@]}" "${cmd[@]//\{NTASKS\}/$tasks}"
     return
   fi
-  local relaunches=0 status batch=() overlap=() t_fail="" steps_before=0
+  local relaunches=0 startup_relaunches=0 status batch=() overlap=() t_fail="" steps_before=0 steps_at_launch
   local metrics="$out/metrics.jsonl"
   while :; do
     local n=${#nodes[@]} tasks=$((${#nodes[@]} * per_node)) list
@@ -76,10 +84,23 @@ mt_train_resilient() {
       watcher=$!
     fi
     status=0
+    steps_at_launch=$(grep -c '"loss"' "$metrics" 2>/dev/null || echo 0)
     srun "${srun_opts[@]}" "${overlap[@]}" --nodes="$n" --nodelist="$list" --ntasks="$tasks" --ntasks-per-node="$per_node" \
       "${step_cmd[@]}" "${batch[@]}" || status=$?
     [ -z "$watcher" ] || { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
     case "$status" in 0 | 2 | 4 | 5) return "$status" ;; esac
+    # Died in start-up (nothing trained by this launch, every node still up): launch it again.
+    if [ "$(grep -c '"loss"' "$metrics" 2>/dev/null || echo 0)" -eq "$steps_at_launch" ] &&
+      [ "$startup_relaunches" -lt "${MESHTRAIN_STARTUP_RELAUNCHES:-1}" ]; then
+      local alive=()
+      mapfile -t alive < <(mt_nodes_up "${nodes[@]}")
+      if [ ${#alive[@]} -eq "$n" ]; then
+        startup_relaunches=$((startup_relaunches + 1))
+        echo "start-up failure: the step failed (status $status) before training a step, with every node up;" \
+          "launching it again on the same nodes ($startup_relaunches of MESHTRAIN_STARTUP_RELAUNCHES=${MESHTRAIN_STARTUP_RELAUNCHES:-1})" >&2
+        continue
+      fi
+    fi
     # The step failed. A lost node shows in Slurm once slurmd misses SlurmdTimeout; wait for it.
     t_fail=$(stat -c %.9Y "$metrics" 2>/dev/null || date +%s.%N)
     steps_before=$(grep -c '"loss"' "$metrics" 2>/dev/null || echo 0)

@@ -185,6 +185,43 @@ def bad_deck(s):
     report(checks, log[-4000:])
 
 
+def startup_relaunch(s):
+    """A rank that dies in start-up (SIGSEGV before training, as Open MPI 4.1's TCP start-up race
+    kills one) is launched again once on the same nodes; one that dies every time fails the job."""
+    checks, logs = [], ""
+    for name, crashes, want_state in (("once", 1, "COMPLETED"), ("always", 99, "FAILED")):
+        marks = os.path.join(s.out, name + ".marks")
+        wrapper = os.path.join(s.out, name + "-meshtrain.sh")
+        with open(wrapper, "w") as f:
+            # Task 1 of a train step dies by SIGSEGV before MPI_Init (task 0 then waits in MPI_Init
+        # until srun ends it MESHTRAIN_SRUN_WAIT s later; the default is 60) while it has crashed fewer than `crashes` times.
+            f.write(f"""#!/bin/bash
+if [ "$1" = train ] && [ "${{SLURM_PROCID:-}}" = 1 ] && [ "$(cat {marks} 2>/dev/null | wc -l)" -lt {crashes} ]; then
+  echo crash >> {marks}; kill -SEGV $$
+fi
+exec {s.meshtrain} "$@"
+""")
+        os.chmod(wrapper, 0o755)
+        run = os.path.join(s.out, name)
+        output = os.path.join(s.out, name + ".out")
+        job_id = s.cluster.submit(CPU_SCRIPT, s.train_args(run, "--training.steps=3"), tasks(2), output,
+                                  env=dict(s.env, MESHTRAIN_BIN=wrapper, MESHTRAIN_SRUN_WAIT="3",
+                                           MESHTRAIN_NODE_DOWN_WAIT="2"), chdir=ROOT)
+        job = s.cluster.wait(job_id)
+        log = read(output)
+        logs += log[-2500:]
+        relaunched = log.count("start-up failure: the step failed")
+        checks += [(f"{name}: job {want_state} ({job})", job.state == want_state),
+                   (f"{name}: srun saw task 1 die by SIGSEGV", "task 1: Segmentation fault" in log),
+                   (f"{name}: the step was launched again once (got {relaunched})", relaunched == 1)]
+        if crashes == 1:
+            checks += [("once: the second launch trained steps 1-3", logged_steps(run) == [1, 2, 3])]
+        else:
+            checks += [("always: then the job stopped, not relaunched again",
+                        "not a node failure, not relaunched" in log and not logged_steps(run))]
+    report(checks, logs)
+
+
 def srun_tasks(log):
     """Task ids in srun's end-of-task lines ("srun: error: node: tasks 1-3,5: Exited with exit code 2",
     "...: tasks 1-7: Terminated"): every task srun started and saw end abnormally."""
@@ -222,7 +259,7 @@ def gpu_layout(s):
     report(checks, logs)
 
 
-SCENARIOS = {f.__name__: f for f in (cpu_reference, preemption, elastic, bad_deck, gpu_layout)}
+SCENARIOS = {f.__name__: f for f in (cpu_reference, preemption, elastic, bad_deck, startup_relaunch, gpu_layout)}
 
 
 def main():
