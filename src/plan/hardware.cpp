@@ -46,6 +46,7 @@ const std::map<std::string, Field>& fields() {
     num("memory_efficiency", &HardwareSpec::memory_efficiency, 0, 1, true);
     num("comm_efficiency", &HardwareSpec::comm_efficiency, 0, 1, true);
     num("comm_overlap", &HardwareSpec::comm_overlap, 0, 1, false);
+    num("async_tp_overlap", &HardwareSpec::async_tp_overlap, 0, 1, false);
     m["sm_count"] = Field{[](HardwareSpec& h, double v) { h.sm_count = int64_t(v); }, nullptr, 0, 1e6, true};
     m["gemm_tile"] = Field{[](HardwareSpec& h, double v) { h.gemm_tile = int64_t(v); }, nullptr, 0, 4096, true};
     num("attention_half_seq", &HardwareSpec::attention_half_seq, 0, 1e9, false);

@@ -17,6 +17,9 @@ struct HardwareSpec {
   double intra_node_latency_s = 0, inter_node_latency_s = 0;
   double matmul_efficiency = 1, attention_efficiency = 1, memory_efficiency = 1, comm_efficiency = 1;
   double comm_overlap = 0;  ///< fraction of compute time that can hide asynchronous collectives
+  /// Fraction of the blocks' tensor-parallel communication that async TP hides (at most its
+  /// fused GEMMs' (tp − 1)/tp; plan/time_model.hpp).
+  double async_tp_overlap = 0;
   double fragmentation = 0;
   /// Units that run GEMM output tiles at once (GPU streaming multiprocessors; the cpu entry: 1,
   /// one core per rank) and the edge of a tile, elements: tile and wave quantization.

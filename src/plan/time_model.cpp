@@ -32,6 +32,18 @@ double per_op_recomputed_share(const ModelArgs& a, bool moe) {
   return (attn_rec + router + routed + shared) / (attn_all + router + routed + 3 * shared);
 }
 
+// Async tensor parallelism (model/async_tensor_parallel.hpp): the share of a block's matmul
+// parameters (so of its matmul FLOPs) inside the fused all-gather-matmul and matmul-reduce-scatter
+// operators — attention's and the dense FFN's or the shared experts' linears; not the router or
+// the routed experts, which keep the synchronous collectives.
+double async_tp_fused_share(const ModelArgs& a, bool moe) {
+  if (!moe) return 1.0;
+  const double d = double(a.dim), q = double(a.n_heads * a.head_dim), kv = double(a.n_kv_heads * a.head_dim);
+  const double attn = d * (2 * q + 2 * kv), shared = 3 * d * double(a.num_shared_experts * a.moe_inter_dim);
+  const double router = d * double(a.num_experts), routed = 3 * d * double(a.top_k * a.moe_inter_dim);
+  return (attn + shared) / (attn + shared + router + routed);
+}
+
 double ring(int64_t n) { return n > 1 ? double(n - 1) / double(n) : 0.0; }
 
 // One linear layer's shape on a rank: `in` × `out` weights applied to `rows` rows.
@@ -221,6 +233,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   struct Busiest {
     std::array<double, 12> key{};
     double mm = 0, mm_time = 0, attn = 0, stage_blocks = 0, stage_recomputed = 0;
+    double fused_time = 0;  // the part of mm_time inside async TP's fused operators
   };
   thread_local std::array<Busiest, 8> busiest_memo;
   thread_local size_t busiest_next = 0;
@@ -236,7 +249,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   if (!known) {
     for (const RankState& st : states) {
       double m_r = st.head ? head_per_token : 0.0, a_r = 0;
-      double t_r = m_r / head_eff;
+      double t_r = m_r / head_eff, fused_r = 0;
       for (size_t i = 0; i < st.blocks.size(); ++i) {
         const bool moe_block = a.is_moe_layer(st.blocks[i]);
         const double rec = recomputed(st.blocks[i]) ? 1.0 : 0.0;
@@ -244,11 +257,12 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
         const double f = (6.0 + 2.0 * rec_mm) * st.block_params[i];
         m_r += f;
         t_r += f / (moe_block ? moe_eff : dense_eff);
+        fused_r += f * async_tp_fused_share(a, moe_block) / (moe_block ? moe_eff : dense_eff);
         a_r += attn_per_block * (1.0 + (per_op ? 0.0 : rec) / 3.0);
       }
       if (t_r / hw.matmul_efficiency + a_r / attention_eff >
           made.mm_time / hw.matmul_efficiency + made.attn / attention_eff)
-        made.mm = m_r, made.mm_time = t_r, made.attn = a_r;
+        made.mm = m_r, made.mm_time = t_r, made.attn = a_r, made.fused_time = fused_r;
     }
     for (const RankState& st : states)
       if (double(st.blocks.size()) > made.stage_blocks) {
@@ -267,6 +281,7 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
   const double stage_blocks = known->stage_blocks, stage_recomputed = known->stage_recomputed;
   mm *= t_replica / double(d.tp);
   mm_time *= t_replica / double(d.tp);
+  const double fused_time = known->fused_time * t_replica / double(d.tp);
   attn *= t_replica / double(d.tp);
   p.matmul_shape_efficiency = mm_time > 0 ? mm / mm_time : 1.0;
   p.attention_efficiency = attention_eff;
@@ -439,10 +454,20 @@ StepTimePrediction predict_step_time(const JobConfig& cfg, const ParallelDims& d
     const double bwd = (cp - 1) * std::max(0.0, hop_kv + hop_dkv - step_bwd) + hop_dkv;
     ring_exposed = double(micro) * (stage_blocks * (fwd + bwd) + stage_recomputed * fwd);
   }
+  // Async TP: the blocks' share of the tp collectives (4 of the 4·L/pp + 2 per micro-batch) runs
+  // as tp − 1 ring hops per fused operator, each beside one row block's GEMM: at most the fused
+  // GEMMs' (tp − 1)/tp can hide them, and the hardware's async_tp_overlap says how much of them
+  // does (fitted to TorchTitan's published AsyncTP row); the embedding's and output head's 2 stay
+  // synchronous.
+  const bool async_tp = cfg.parallelism.enable_async_tensor_parallel && cfg.parallelism.enable_sequence_parallel && d.tp > 1;
+  const double tp_block_share = 4.0 * double(a.n_layers) / double(d.pp) / (4.0 * double(a.n_layers) / double(d.pp) + 2);
+  const double tp_hideable = async_tp ? ring(d.tp) * fused_time / (peak * hw.matmul_efficiency) : 0.0;
   double hidden_budget = overlap;  // compute that async collectives may hide behind, shared
   for (CommTime& c : p.comm) {
     const std::string_view dim = c.dim;
-    if (dim == "tp" || dim == "ep" || dim == "pp" || dim == "muon" ||
+    if (dim == "tp" && async_tp) {
+      c.exposed_s = c.seconds - std::min(hw.async_tp_overlap * tp_block_share * c.seconds, tp_hideable);
+    } else if (dim == "tp" || dim == "ep" || dim == "pp" || dim == "muon" ||
         (dim == "cp" && cfg.parallelism.context_parallel_rotate_method != "alltoall")) {
       c.exposed_s = c.seconds;
     } else if (dim == "cp") {

@@ -25,7 +25,12 @@
 /// Communication: the bytes each rank sends per step and dimension (the ring volumes of
 /// perf/comm_volume and layout/comm_volume.hpp; FSDP from the exact shard sizes), over the
 /// bandwidth of the tier its group spans (inside a node: NVLink; across: the network), plus
-/// (group − 1) latency hops per collective. Exposed: all of tensor parallelism, expert
+/// (group − 1) latency hops per collective. Exposed: all of tensor parallelism (under async TP,
+/// enable_async_tensor_parallel with sequence parallelism, only what the blocks' fused
+/// all-gather-matmul / matmul-reduce-scatter do not hide: each of their tp − 1 ring hops runs
+/// beside the GEMM of one row block, so the blocks' tp seconds shrink by async_tp_overlap of
+/// themselves (the hardware entry's), at most (tp − 1)/tp of those GEMMs' time; the embedding's
+/// and the output head's collectives stay exposed), expert
 /// parallelism and all-gather context parallelism (the code waits for them), the part of the
 /// FSDP / ZeRO / data-parallel collectives that comm_overlap × compute cannot hide (the first
 /// unit's gather always shows), the ring's K/V beyond the attention it overlaps.
