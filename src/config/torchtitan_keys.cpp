@@ -156,10 +156,10 @@ const std::string kFt = "applies only with fault_tolerance.enable (torchft), whi
 // model.converters: TorchTitan's converter names (torchtitan/components/quantization/*.py) plus
 // the legacy "float8" its presets still write.
 Rule converters_rule() {
-  return {"[]: honoured; \"float8\" / \"quantize.linear.float8\": honoured on the cpu device as an emulation with "
-          "[quantize.linear.float8] emulate = true (refused without it; under tensor parallelism too), refused (not "
-          "implemented yet) on cuda; MX / grouped-GEMM converters: refused (not implemented yet); other names: "
-          "refused (unknown converter)",
+  return {"[]: honoured; \"float8\" / \"quantize.linear.float8\": honoured on the cuda device (cuBLASLt FP8 "
+          "GEMMs; with [quantize.linear.float8] emulate = true the emulation) and on the cpu device as an emulation "
+          "with emulate = true (refused without it), under tensor parallelism too; MX / grouped-GEMM converters: "
+          "refused (not implemented yet); other names: refused (unknown converter)",
           [](const OptionValue& v) {
             for (const OptionValue& c : v.items) {
               const std::string& n = c.text;
@@ -428,15 +428,16 @@ Table build_table() {
   // The other keys apply only while model.converters names float8; check_float8
   // (torchtitan_resolve.cpp) gives their notices and refusals, which depend on other keys.
   t.boolean("enable_fsdp_float8_all_gather", "false",
-            {"with float8 on, no recipe_name (tensorwise): honoured (the emulation's values are an FP8 all-gather's: "
-             "each FSDP shard cast with the whole weight's amax gives the codes the gathered weight would get; the "
-             "cpu all-gather still moves float32 shards); true with recipe_name: refused (TorchTitan rejects the "
-             "pair); float8 off: notice",
+            {"with float8 on, no recipe_name (tensorwise): honoured on the cuda and cpu devices (FSDP all-gathers "
+             "the Float8 linears' weights as e4m3 codes, 1 byte per element instead of 2 (bf16) or 4: each shard "
+             "cast with the whole weight's amax, one amax all-reduce per unit; the GEMMs' casts give back the same "
+             "codes, so the losses equal a high-precision gather's); true with recipe_name: refused (TorchTitan "
+             "rejects the pair); float8 off: notice",
              nullptr});
   t.boolean("precompute_float8_dynamic_scale_for_fsdp", "false",
-            {"with enable_fsdp_float8_all_gather: honoured (a scale computed after the optimizer step from the weights "
-             "the next forward casts is the scale that forward computes); without it: notice (TorchTitan ignores it); "
-             "float8 off: notice",
+            {"with enable_fsdp_float8_all_gather: honoured (the FP8 all-gather always batches its amax: one "
+             "all-reduce per FSDP unit, with the scales TorchAO's one all-reduce after the optimizer step gives); "
+             "without it: notice (TorchTitan ignores it); float8 off: notice",
              nullptr});
   t.str("recipe_name", "None",
         {"with float8 on: honoured (TorchAO's recipe; unset is TorchAO's default, tensorwise); float8 off: notice",
@@ -448,8 +449,9 @@ Table build_table() {
           "yet: add \"output\", as TorchTitan's presets do); float8 off: notice",
           nullptr});
   t.boolean("emulate", "false",
-            {"with float8 on, device cpu: true honoured (quantize -> dequantize, float32 GEMMs: the cpu device's only "
-             "mode), false refused; float8 off: notice",
+            {"with float8 on, device cuda: false honoured (FP8 GEMMs, compute capability >= 8.9), true honoured "
+             "(the emulation: quantize -> dequantize, high-precision GEMMs); device cpu: true honoured (the "
+             "emulation, float32 GEMMs: the cpu device's only mode), false refused; float8 off: notice",
              nullptr});
 
   t.in("quantize.linear.mx");

@@ -200,11 +200,6 @@ void check_float8(Pass& p) {
           {Outcome::kRefused, "together with recipe_name (\"" + f.recipe +
                                   "\") is not supported, as in TorchTitan: the FP8 all-gather is the default "
                                   "(tensorwise) recipe's; leave recipe_name unset"});
-  else if (f.fsdp_float8_all_gather && device == "cuda")
-    p.add(t + "enable_fsdp_float8_all_gather",
-          {Outcome::kRefused, "the FP8 all-gather of FSDP shards on the cuda device (e4m3 shards and one amax "
-                              "all-reduce: half the bytes of a bf16 gather) is not implemented yet; set it false "
-                              "(the float8 casts of the bf16-gathered weights give the same values)"});
   if (f.precompute_scale && !f.fsdp_float8_all_gather)
     p.add(t + "precompute_float8_dynamic_scale_for_fsdp",
           {Outcome::kNotice, "applies only with enable_fsdp_float8_all_gather = true (TorchTitan ignores it)"});

@@ -363,6 +363,31 @@ class Device {
     (void)src, (void)cast, (void)power_of_two, (void)amax, (void)dst;
     throw std::runtime_error("float8 operand casts on the " + name() + " device are not implemented yet");
   }
+  /// The byte form of a tensorwise float8_cast_with_amax, for the FP8 all-gather of FSDP shards
+  /// (TorchAO's float8 FSDP all-gather, torchao/float8/fsdp_utils.py, as TorchTitan's
+  /// enable_fsdp_float8_all_gather runs it): code i of bytes (the byte at offset i of its
+  /// storage, so 4 codes per i32 element, little-endian) := the `format` code of
+  /// round_saturate(src_i · s), s = float8_scale(amax[0], format, power_of_two). src: f32 or
+  /// bf16, any shape, n = numel elements; amax: f32 [1] (the whole weight's, reduced over the
+  /// ranks holding its shards); bytes: i32 with ≥ ⌈n/4⌉ elements (bytes past n are left as
+  /// they are). Decoding a code and dividing by s gives float8_cast_with_amax's value, bit for
+  /// bit. This default refuses, as float8_cast does.
+  /// @throws std::runtime_error "not implemented yet" naming the device; std::invalid_argument
+  ///         for wrong dtypes or sizes.
+  virtual void float8_quantize_bytes(const Tensor& src, Float8Format format, bool power_of_two, const Tensor& amax,
+                                     const Tensor& bytes) {
+    (void)src, (void)format, (void)power_of_two, (void)amax, (void)bytes;
+    throw std::runtime_error("float8 byte casts on the " + name() + " device are not implemented yet");
+  }
+  /// The inverse: dst_i := decode(code i of bytes) / s in dst's dtype (f32, or bf16 rounded to
+  /// nearest even), s from amax as in float8_quantize_bytes; dst any shape, n = numel. The value
+  /// is float8_cast_with_amax's for the same source, amax and recipe. Errors as
+  /// float8_quantize_bytes.
+  virtual void float8_dequantize_bytes(const Tensor& bytes, Float8Format format, bool power_of_two,
+                                       const Tensor& amax, const Tensor& dst) {
+    (void)bytes, (void)format, (void)power_of_two, (void)amax, (void)dst;
+    throw std::runtime_error("float8 byte casts on the " + name() + " device are not implemented yet");
+  }
   /// A Float8 GEMM C[M, N] = alpha · op(A') · op(B') + beta · C, where A' and B' are a and b
   /// after their casts (a.cast, b.cast with power_of_two; a.amax / b.amax as float8_cast_with_amax
   /// when defined) and op, shapes and dtypes as matmul. This default is the emulation (TorchAO's

@@ -284,6 +284,7 @@ void Trainer::build_model() {
     so.reduce_once_per_step = pipelined_;
     so.reduce_dtype = reduce_dtype;
     so.param_dtype = compute_dtype_;  // FSDP2's param_dtype: ZeRO-3 gathers bf16 under mixed precision
+    if (const Float8Config f8 = float8_config(cfg_); f8.enabled) so.float8_all_gather = f8.fsdp_float8_all_gather;
     if (dims_.ep > 1) {
       // The routed experts are sharded over the ranks holding the same experts (efsdp), the
       // rest over fsdp; the experts' norm is summed over ep as well (their ranks hold different

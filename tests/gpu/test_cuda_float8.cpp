@@ -12,6 +12,7 @@
 // Exits 77 (SKIPPED) without a GPU.
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "device/cuda/cuda_device.hpp"
@@ -91,6 +92,46 @@ BOOST_AUTO_TEST_CASE(casts_are_bit_exact_against_the_cpu) {
           gpu().float8_cast(inplace, cast, pow2, inplace);
           BOOST_TEST(mismatches(host_values(gpu(), inplace), host_values(cpu(), out.c), dt) == 0, what + " in place");
         }
+  gpu().synchronize();
+}
+
+// The byte casts of the FP8 all-gather of FSDP shards (float8_quantize_bytes on the sending
+// rank, float8_dequantize_bytes on the receiving one): the codes and the dequantized values equal
+// the CPU device's bit for bit, f32 and bf16, with NaN / inf in the data, a saturating amax, an
+// odd element count (the last i32 holds fewer than 4 codes) and the power-of-two scale rule.
+BOOST_AUTO_TEST_CASE(fsdp_byte_casts_are_bit_exact_against_the_cpu) {
+  const int64_t rows = 13, cols = 101, n = rows * cols;
+  for (DType dt : {DType::kF32, DType::kBF16})
+    for (bool pow2 : {false, true})
+      for (float amax_div : {1.0f, 4.0f}) {
+        const std::string what = std::string(dtype_name(dt)) + (pow2 ? " pow2" : "") +
+                                 (amax_div > 1 ? " saturated" : "");
+        const Pair x = make_pair({n}, dt, cast_inputs(rows, cols, 11, dt == DType::kBF16));
+        // The amax of the finite values (a NaN / inf amax would zero the scale for all).
+        float amax = 0;
+        for (float v : host_values(cpu(), x.c))
+          if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+        const Pair a = make_pair({1}, DType::kF32, {amax / amax_div});
+        Pair bytes{cpu().empty({(n + 3) / 4}, DType::kI32, MemCategory::kTemporaries),
+                   gpu().empty({(n + 3) / 4}, DType::kI32, MemCategory::kTemporaries)};
+        cpu().fill(bytes.c, 0.0f);
+        gpu().fill(bytes.g, 0.0f);
+        cpu().float8_quantize_bytes(x.c, Float8Format::kE4M3, pow2, a.c, bytes.c);
+        gpu().float8_quantize_bytes(x.g, Float8Format::kE4M3, pow2, a.g, bytes.g);
+        std::vector<uint8_t> got(size_t(bytes.g.nbytes()));
+        gpu().download(got.data(), bytes.g, got.size());
+        BOOST_TEST(std::memcmp(got.data(), bytes.c.raw(), got.size()) == 0, what + " codes");
+        Pair out = output_pair({n}, dt);
+        cpu().float8_dequantize_bytes(bytes.c, Float8Format::kE4M3, pow2, a.c, out.c);
+        gpu().float8_dequantize_bytes(bytes.g, Float8Format::kE4M3, pow2, a.g, out.g);
+        BOOST_TEST(mismatches(host_values(gpu(), out.g), host_values(cpu(), out.c), dt) == 0, what + " values");
+        // The values are float8_cast_with_amax's for the same amax (the GEMM's cast of the
+        // gathered weight then finds the same codes).
+        Pair fq = output_pair({1, n}, dt);
+        const Float8Cast tensorwise{true, Float8Format::kE4M3, Float8Scaling::kTensorwise};
+        gpu().float8_cast_with_amax(x.g.reshape({1, n}), tensorwise, pow2, a.g, fq.g);
+        BOOST_TEST(mismatches(host_values(gpu(), out.g), host_values(gpu(), fq.g), dt) == 0, what + " vs the cast");
+      }
   gpu().synchronize();
 }
 

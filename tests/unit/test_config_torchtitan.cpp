@@ -213,16 +213,13 @@ BOOST_AUTO_TEST_CASE(float8_converter_and_its_table) {
   BOOST_TEST(has(refusal_of(ok, {"--quantize.linear.float8.filter_fqns=output,auto_filter_small_kn"}),
                  "[quantize.linear.float8] filter_fqns: \"auto_filter_small_kn\" (TorchAO's filter of linears too small "
                  "to gain from float8) is not implemented yet"));
-  // cuda: FP8 GEMMs (emulate = false) or the emulation; its FP8 all-gather is not implemented yet.
+  // cuda: FP8 GEMMs (emulate = false) or the emulation, and the FP8 all-gather of FSDP shards.
   for (const char* emulate : {"true", "false"})
     BOOST_TEST(load(ok, {"--training.device=cuda", std::string("--quantize.linear.float8.emulate=") + emulate})
                    .refusals.empty());
-  BOOST_TEST(has(refusal_of(f8 + "[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n"
-                                 "enable_fsdp_float8_all_gather = true\n",
-                            {"--training.device=cuda"}),
-                 "[quantize.linear.float8] enable_fsdp_float8_all_gather: the FP8 all-gather of FSDP shards on the "
-                 "cuda device (e4m3 shards and one amax all-reduce: half the bytes of a bf16 gather) is not "
-                 "implemented yet"));
+  BOOST_TEST(load(f8 + "[quantize.linear.float8]\nfilter_fqns = [\"output\"]\nenable_fsdp_float8_all_gather = true\n",
+                  {"--training.device=cuda"})
+                 .refusals.empty());
   // Under tp the scaling groups a split cuts reduce their amax over tp: accepted like tp 1.
   BOOST_TEST(error_of(ok, {"--parallelism.tensor_parallel_degree=2"}, 2) == "");
   // TorchTitan's own rule: the FP8 all-gather only with the default (tensorwise) recipe.

@@ -106,6 +106,10 @@ class CpuDevice final : public Device {
   void float8_amax(const Tensor& src, Float8Scaling scaling, const Tensor& amax) override;
   void float8_cast_with_amax(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& amax,
                              const Tensor& dst) override;
+  void float8_quantize_bytes(const Tensor& src, Float8Format format, bool power_of_two, const Tensor& amax,
+                             const Tensor& bytes) override;
+  void float8_dequantize_bytes(const Tensor& bytes, Float8Format format, bool power_of_two, const Tensor& amax,
+                               const Tensor& dst) override;
 
  private:
   int threads_;

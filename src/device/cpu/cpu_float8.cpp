@@ -1,7 +1,11 @@
 // CPU Float8 emulation of a GEMM operand: the cast of tensor/float8.hpp on host memory.
+#include <cstdint>
+#include <cstring>
 #include <stdexcept>
 
 #include "device/cpu/cpu_device.hpp"
+#include "device/cuda/float8_math.hpp"
+#include "tensor/bf16.hpp"
 
 namespace meshtrain {
 
@@ -19,7 +23,46 @@ void check_amax(const char* k, const Tensor& src, Float8Scaling scaling, const T
                                 shape_str(src.shape()) + ", got " + dtype_name(amax.dtype()) + " " +
                                 shape_str(amax.shape()));
 }
+// The byte casts' checks; returns the scale of amax[0].
+float byte_cast_scale(const char* k, const Tensor& hp, const Tensor& amax, const Tensor& bytes, Float8Format format,
+                      bool power_of_two) {
+  if (hp.dtype() == DType::kI32 || amax.dtype() != DType::kF32 || amax.numel() != 1 ||
+      bytes.dtype() != DType::kI32 || bytes.numel() * 4 < hp.numel())
+    throw std::invalid_argument(std::string(k) + ": needs an f32 / bf16 tensor of n elements, amax f32 [1] and i32 "
+                                "bytes of >= n/4 elements; got " + dtype_name(hp.dtype()) + " " +
+                                shape_str(hp.shape()) + ", amax " + dtype_name(amax.dtype()) + " " +
+                                shape_str(amax.shape()) + ", bytes " + dtype_name(bytes.dtype()) + " " +
+                                shape_str(bytes.shape()));
+  return float8_scale(amax.f32()[0], format, power_of_two);
+}
+f8::Format math_format(Float8Format f) { return f == Float8Format::kE4M3 ? f8::e4m3() : f8::e5m2(); }
 }  // namespace
+
+void CpuDevice::float8_quantize_bytes(const Tensor& src, Float8Format format, bool power_of_two, const Tensor& amax,
+                                      const Tensor& bytes) {
+  const float s = byte_cast_scale("float8_quantize_bytes", src, amax, bytes, format, power_of_two);
+  const f8::Format f = math_format(format);
+  auto* out = static_cast<uint8_t*>(bytes.raw());
+  const int64_t n = src.numel();
+  // f8::round is tensor/float8's float8_round operation for operation (test_float8 checks it).
+  if (src.dtype() == DType::kF32)
+    for (int64_t i = 0; i < n; ++i) out[i] = f8::encode(f8::round(src.f32()[i] * s, f), f);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = f8::encode(f8::round(float_from_bf16(src.bf16()[i]) * s, f), f);
+}
+
+void CpuDevice::float8_dequantize_bytes(const Tensor& bytes, Float8Format format, bool power_of_two,
+                                        const Tensor& amax, const Tensor& dst) {
+  const float s = byte_cast_scale("float8_dequantize_bytes", dst, amax, bytes, format, power_of_two);
+  const f8::Format f = math_format(format);
+  const auto* in = static_cast<const uint8_t*>(bytes.raw());
+  const int64_t n = dst.numel();
+  // decode(encode(q)) == q, so this is float8_quantize_with_amax's float8_round(x · s) / s.
+  if (dst.dtype() == DType::kF32)
+    for (int64_t i = 0; i < n; ++i) dst.f32()[i] = f8::decode(in[i], f) / s;
+  else
+    for (int64_t i = 0; i < n; ++i) dst.bf16()[i] = bf16_from_float(f8::decode(in[i], f) / s);
+}
 
 void CpuDevice::float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) {
   check_operand("float8_cast", src, dst);

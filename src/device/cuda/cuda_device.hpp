@@ -210,6 +210,13 @@ class CudaDevice final : public Device {
   void float8_amax(const Tensor& src, Float8Scaling scaling, const Tensor& amax) override;
   void float8_cast_with_amax(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& amax,
                              const Tensor& dst) override;
+  /// Device::float8_quantize_bytes / float8_dequantize_bytes (the FP8 all-gather of FSDP shards):
+  /// one elementwise kernel each on the compute stream, the rounding and codes of float8_math.hpp,
+  /// so bit for bit the CPU device's. Errors as there.
+  void float8_quantize_bytes(const Tensor& src, Float8Format format, bool power_of_two, const Tensor& amax,
+                             const Tensor& bytes) override;
+  void float8_dequantize_bytes(const Tensor& bytes, Float8Format format, bool power_of_two, const Tensor& amax,
+                               const Tensor& dst) override;
   /// Float8 GEMM (Device::float8_matmul). emulate, or an operand left in high precision: the
   /// emulation (Device's default, on these casts and a bf16 / f32 matmul). Otherwise real FP8
   /// GEMMs through cuBLASLt (NVIDIA cuBLAS documentation, cublasLtMatmul, "FP8" requirements;

@@ -131,6 +131,24 @@ __global__ void quantize_bytes_kernel(const T* x, int64_t rows, int64_t cols, in
   }
 }
 
+// bytes[i] = code of round(x[i] · s), s = f8::scale(amax[0]) (the FSDP FP8 all-gather's send side).
+template <class T>
+__global__ void quantize_flat_kernel(const T* x, int64_t n, const float* amax, f8::Format f, bool power_of_two,
+                                     uint8_t* bytes) {
+  const float s = f8::scale(amax[0], f, power_of_two);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    bytes[i] = f8::encode(f8::round(to_f(x[i]) * s, f), f);
+}
+
+// out[i] = decode(bytes[i]) / s (its receive side): fake_quantize_kernel's value for the same code.
+template <class T>
+__global__ void dequantize_flat_kernel(const uint8_t* bytes, int64_t n, const float* amax, f8::Format f,
+                                       bool power_of_two, T* out) {
+  const float s = f8::scale(amax[0], f, power_of_two);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f<T>(f8::decode(bytes[i], f) / s);
+}
+
 // c[i, j] = alpha · acc[i, j] · inv_a[i or 0] · inv_b[j or 0] (+ beta · c[i, j] unless beta is 0,
 // when c is not read): the scales of a rowwise FP8 GEMM applied after its unscaled product.
 template <class T>
@@ -215,6 +233,40 @@ void CudaDevice::float8_cast_with_amax(const Tensor& src, const Float8Cast& cast
         scale.f32(), format_of(cast.format));
   });
   MT_CUDA_LAUNCH("float8 fake quantize");
+}
+
+namespace {
+void check_byte_cast(const char* k, const Tensor& hp, const Tensor& amax, const Tensor& bytes) {
+  require_float(hp, k, "the high-precision tensor");
+  require_dtype(amax, DType::kF32, k, "amax");
+  require_numel(amax, 1, k, "amax");
+  require_dtype(bytes, DType::kI32, k, "bytes");
+  require(bytes.numel() * 4 >= hp.numel(), k, "bytes holds fewer than " + std::to_string(hp.numel()) + " codes");
+}
+}  // namespace
+
+void CudaDevice::float8_quantize_bytes(const Tensor& src, Float8Format format, bool power_of_two, const Tensor& amax,
+                                       const Tensor& bytes) {
+  check_byte_cast("float8_quantize_bytes", src, amax, bytes);
+  if (src.numel() == 0) return;
+  MT_DISPATCH_FLOAT(src.dtype(), T, {
+    quantize_flat_kernel<T><<<grid_for(src.numel(), kThreads), kThreads, 0, compute_>>>(
+        static_cast<const T*>(src.raw()), src.numel(), amax.f32(), format_of(format), power_of_two,
+        static_cast<uint8_t*>(bytes.raw()));
+  });
+  MT_CUDA_LAUNCH("float8 quantize bytes");
+}
+
+void CudaDevice::float8_dequantize_bytes(const Tensor& bytes, Float8Format format, bool power_of_two,
+                                         const Tensor& amax, const Tensor& dst) {
+  check_byte_cast("float8_dequantize_bytes", dst, amax, bytes);
+  if (dst.numel() == 0) return;
+  MT_DISPATCH_FLOAT(dst.dtype(), T, {
+    dequantize_flat_kernel<T><<<grid_for(dst.numel(), kThreads), kThreads, 0, compute_>>>(
+        static_cast<const uint8_t*>(bytes.raw()), dst.numel(), amax.f32(), format_of(format), power_of_two,
+        static_cast<T*>(dst.raw()));
+  });
+  MT_CUDA_LAUNCH("float8 dequantize bytes");
 }
 
 void CudaDevice::float8_cast(const Tensor& src, const Float8Cast& cast, bool power_of_two, const Tensor& dst) {

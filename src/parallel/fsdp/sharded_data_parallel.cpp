@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "model/init.hpp"
+#include "tensor/float8.hpp"
 #include "util/trace.hpp"
 
 namespace meshtrain {
@@ -16,6 +17,25 @@ std::vector<Parameter*> params_of(const ShardUnit& su) {
   ps.reserve(su.params.size());
   for (const ShardedParam& sp : su.params) ps.push_back(sp.param);
   return ps;
+}
+
+// Whether p's gathered copy can travel as e4m3 codes: a Float8 weight whose recipe casts it
+// tensorwise to e4m3 for both GEMMs that read it (TorchAO's tensorwise recipe, the one its FSDP
+// all-gather serves), so the gathered codes are exactly what those casts produce.
+bool gathers_as_float8(const Parameter& p) {
+  if (!p.float8) return false;
+  const Float8Cast& a = p.float8->output_w;
+  const Float8Cast& b = p.float8->grad_input_w;
+  const auto tensorwise_e4m3 = [](const Float8Cast& c) {
+    return c.quantize && c.scaling == Float8Scaling::kTensorwise && c.format == Float8Format::kE4M3;
+  };
+  return tensorwise_e4m3(a) && tensorwise_e4m3(b);
+}
+
+// Rank k's rows of a dim-0 sharded parameter: [first, first + rows).
+std::pair<int64_t, int64_t> rows_of_rank(const Dim0Shard& s, int64_t k) {
+  const int64_t first = std::min(s.rows, k * s.rows_per_rank);
+  return {first, std::min(s.rows, first + s.rows_per_rank) - first};
 }
 }  // namespace
 
@@ -50,12 +70,36 @@ ShardedDataParallel::ShardedDataParallel(Transformer& model, Device& dev, Commun
       shards_.push_back(ls);
     }
   }
+  f8_split_.resize(plan_.units.size());
+  if (!opt.float8_all_gather || !shards_params()) return;
+  for (size_t f = 0; f < plan_.units.size(); ++f) {
+    const ShardUnit& su = plan_.units[f];
+    Float8Split& sp8 = f8_split_[f];
+    for (const ShardedParam& sp : su.params) {
+      const bool f8 = gathers_as_float8(*sp.param);
+      ShardUnit& part = f8 ? sp8.f8 : sp8.hp;
+      ShardedParam q = sp;
+      q.shard_offset = part.shard_elems;
+      part.shard_elems += align16(sp.shard.padded_elems());
+      part.params.push_back(q);
+      (f8 ? sp8.f8_master_offset : sp8.hp_master_offset).push_back(sp.shard_offset);
+      if (f8 && sp.param->float8_tp) {
+        if (sp8.tp && sp8.tp != sp.param->float8_tp)
+          throw std::invalid_argument("ShardedDataParallel: the Float8 weights of one unit are split over different "
+                                      "tensor-parallel groups");
+        sp8.tp = sp.param->float8_tp;
+      }
+    }
+    if (sp8.f8.params.empty()) sp8 = Float8Split{};
+  }
 }
 
 ShardedDataParallel::~ShardedDataParallel() {
   try {  // never free a buffer a collective still writes
-    for (UnitState& s : units_)
+    for (UnitState& s : units_) {
       if (s.gather) s.gather->wait();
+      if (s.f8_gather) s.f8_gather->wait();
+    }
     retire(true);
   } catch (...) {
   }
@@ -85,9 +129,13 @@ void ShardedDataParallel::timed_wait(Work& w) {
 
 void ShardedDataParallel::start_gather(size_t f) {
   UnitState& s = units_[f];
-  if (s.params_ready || s.gather) return;
+  if (s.params_ready || s.gather || s.f8_gather) return;
   if (plan_.units[f].params.empty()) {  // another instance's unit (expert parallelism): nothing to gather
     s.params_ready = true;
+    return;
+  }
+  if (gather_f8(f)) {
+    start_f8_gather(f);
     return;
   }
   trace::Span span("issue all_gather", "comm_issue");
@@ -113,17 +161,72 @@ void ShardedDataParallel::start_gather(size_t f) {
   span.arg("bytes", int64_t(s.gather_recv.nbytes()));
 }
 
+void ShardedDataParallel::start_f8_gather(size_t f) {
+  UnitState& s = units_[f];
+  const Float8Split& sp8 = f8_split_[f];
+  trace::Span span("issue all_gather (float8)", "comm_issue");
+  span.arg("unit", f).arg("group", shard_.name());
+  // The scales first: every rank must cast its shard with the whole weight's amax, so the local
+  // amax of all the unit's Float8 weights travel in one all-reduce (TorchAO's
+  // precompute_float8_dynamic_scale_for_fsdp batches them so, for all weights at once). It
+  // blocks: the casts below need it. Ranks issue it at the same hook, so collectives on the
+  // shard (and tp) group stay in one order everywhere.
+  const int64_t n8 = int64_t(sp8.f8.params.size());
+  s.f8_amax = dev_.empty({n8}, DType::kF32, MemCategory::kCommunication);
+  for (int64_t j = 0; j < n8; ++j) {
+    const ShardedParam& sp = sp8.f8.params[size_t(j)];
+    const int64_t n = sp.shard.local_elems();
+    dev_.float8_amax(s.shard_values.view({1, n}, sp8.f8_master_offset[size_t(j)]), Float8Scaling::kTensorwise,
+                     s.f8_amax.view({1}, j));
+  }
+  shard_.all_reduce(s.f8_amax, ReduceOp::kMax)->wait();
+  if (sp8.tp && sp8.tp->size() > 1) sp8.tp->all_reduce(s.f8_amax, ReduceOp::kMax)->wait();
+  // The codes, 4 per i32 element: every parameter block starts 16 codes apart, so each one's
+  // view begins on a whole element.
+  s.f8_send = dev_.empty({sp8.f8.shard_elems / 4}, DType::kI32, MemCategory::kCommunication);
+  dev_.fill(s.f8_send, 0.0f);
+  for (int64_t j = 0; j < n8; ++j) {
+    const ShardedParam& sp = sp8.f8.params[size_t(j)];
+    const int64_t n = sp.shard.local_elems();
+    if (n == 0) continue;
+    dev_.float8_quantize_bytes(s.shard_values.view({n}, sp8.f8_master_offset[size_t(j)]), Float8Format::kE4M3,
+                               sp.param->float8->power_of_two, s.f8_amax.view({1}, j),
+                               s.f8_send.view({(n + 3) / 4}, sp.shard_offset / 4));
+  }
+  // The other parameters in param_dtype, packed into their own layout.
+  const DType hp_dtype = gather_bf16() ? DType::kBF16 : DType::kF32;
+  if (!sp8.hp.params.empty()) {
+    s.gather_send = dev_.empty({sp8.hp.shard_elems}, hp_dtype, MemCategory::kCommunication);
+    dev_.fill(s.gather_send, 0.0f);
+    for (size_t j = 0; j < sp8.hp.params.size(); ++j) {
+      const ShardedParam& sp = sp8.hp.params[j];
+      const int64_t n = sp.shard.local_elems();
+      if (n == 0) continue;
+      dev_.cast(s.gather_send.view({n}, sp.shard_offset), s.shard_values.view({n}, sp8.hp_master_offset[j]));
+    }
+    s.gather_recv = dev_.empty({plan_.group * sp8.hp.shard_elems}, hp_dtype, MemCategory::kCommunication);
+    s.gather = shard_.all_gather(s.gather_send, s.gather_recv);
+  }
+  s.f8_recv = dev_.empty({plan_.group * s.f8_send.numel()}, DType::kI32, MemCategory::kCommunication);
+  s.f8_gather = shard_.all_gather(s.f8_send, s.f8_recv);
+  span.arg("bytes", int64_t(s.f8_recv.nbytes() + (s.gather_recv.defined() ? s.gather_recv.nbytes() : 0)));
+}
+
 void ShardedDataParallel::ensure_params(size_t f) {
   UnitState& s = units_[f];
   if (s.params_ready) return;
   start_gather(f);
   if (s.params_ready) return;  // a unit without parameters of this instance
-  {
+  if (s.gather) {  // a unit gathered only as Float8 codes has no high-precision all-gather
     trace::Span span("wait all_gather", "comm_wait");
     span.arg("unit", f);
     timed_wait(*s.gather);
   }
   const ShardUnit& su = plan_.units[f];
+  if (s.f8_gather) {
+    finish_f8_gather(f);
+    return;
+  }
   if (s.gather_recv.dtype() == DType::kBF16) {  // bf16 gather: the values are the compute copies
     s.full_values = dev_.empty({su.full_elems}, DType::kBF16, MemCategory::kCommunication);
     for (const ShardedParam& sp : su.params) sp.param->compute = s.full_values.view(sp.param->local_shape, sp.full_offset);
@@ -153,6 +256,59 @@ void ShardedDataParallel::ensure_params(size_t f) {
   s.gather_recv = Tensor();
   s.params_ready = true;
   model_.params_changed(params_of(su));  // mixed precision: recast on next use
+}
+
+void ShardedDataParallel::finish_f8_gather(size_t f) {
+  UnitState& s = units_[f];
+  const Float8Split& sp8 = f8_split_[f];
+  {
+    trace::Span span("wait all_gather (float8)", "comm_wait");
+    span.arg("unit", f);
+    timed_wait(*s.f8_gather);
+  }
+  // Under bf16 mixed precision the full copies are the compute copies, as with a bf16 gather;
+  // in float32 runs they are the values the layers read.
+  const bool bf16 = gather_bf16();
+  s.full_values = dev_.empty({plan_.units[f].full_elems}, bf16 ? DType::kBF16 : DType::kF32,
+                             MemCategory::kCommunication);
+  for (const ShardedParam& sp : plan_.units[f].params) {
+    Tensor& t = bf16 ? sp.param->compute : sp.param->value;
+    t = s.full_values.view(sp.param->local_shape, sp.full_offset);
+  }
+  const FullView full = [&](const ShardedParam& sp) {
+    return s.full_values.view({shape_numel(sp.param->local_shape)}, sp.full_offset);
+  };
+  if (s.gather_recv.defined()) copy_out_gathered(dev_, sp8.hp, plan_.group, s.gather_recv, full);
+  // Why the GEMMs' own casts of these copies give back the gathered codes (so float32 runs
+  // equal the high-precision gather's bit for bit, and the FP8 GEMMs read these very codes):
+  // each value is q / s with q an e4m3 code, s = 448 / amax. The largest |w| maps onto q = 448
+  // (its product with s is 448 within an ulp, which rounds or saturates to 448), so the
+  // copy's amax is 448 / s, which rounds to amax within an ulp or two — exactly the gathered
+  // amax in the float32 cases met so far, and in any case a scale s' within a few ulps of s
+  // (within 2^-9 relative for a bf16 copy). The cast then rounds q · (s' / s) · (1 ± 2^-9) to
+  // e4m3, whose neighbouring codes lie at least 2^-4 · q apart (subnormals: 2^-9 apart, with
+  // q ≤ 2^-6): far beyond the perturbation, so it lands on q again.
+  for (size_t j = 0; j < sp8.f8.params.size(); ++j) {
+    const ShardedParam& sp = sp8.f8.params[j];
+    const Tensor dst = full(sp);
+    const int64_t c = sp.shard.row_elems;
+    for (int64_t k = 0; k < plan_.group; ++k) {
+      const auto [first, rows] = rows_of_rank(sp.shard, k);
+      if (rows == 0) continue;
+      const int64_t n = rows * c;
+      dev_.float8_dequantize_bytes(s.f8_recv.view({(n + 3) / 4}, (k * sp8.f8.shard_elems + sp.shard_offset) / 4),
+                                   Float8Format::kE4M3, sp.param->float8->power_of_two,
+                                   s.f8_amax.view({1}, int64_t(j)), dst.view({n}, first * c));
+    }
+  }
+  s.gather.reset();
+  s.f8_gather.reset();
+  s.gather_send = s.gather_recv = s.f8_send = s.f8_recv = s.f8_amax = Tensor();
+  s.params_ready = true;
+  if (bf16)
+    model_.compute_written(params_of(plan_.units[f]));
+  else
+    model_.params_changed(params_of(plan_.units[f]));
 }
 
 void ShardedDataParallel::release_params(size_t f) {
@@ -332,10 +488,15 @@ void ShardedDataParallel::after_optimizer_step() {
 }
 
 void ShardedDataParallel::gather_full_parameters() {
-  if (gather_bf16()) {  // units gathered for compute hold bf16 copies: regather in f32
+  bool f8 = false;
+  for (size_t f = 0; f < units_.size(); ++f) f8 = f8 || gather_f8(f);
+  // Units gathered for compute hold bf16 copies or Float8 codes' values: regather in f32.
+  if (gather_bf16() || f8) {
     for (size_t f = 0; f < units_.size(); ++f) {
       if (units_[f].gather) units_[f].gather->wait();
+      if (units_[f].f8_gather) units_[f].f8_gather->wait();
       units_[f].gather.reset();
+      units_[f].f8_gather.reset();
       release_params(f);
     }
     full_precision_ = true;

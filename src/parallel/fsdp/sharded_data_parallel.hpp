@@ -64,6 +64,18 @@ struct ShardedOptions {
   /// communicator needs it: collectives on one communicator must be issued in the same order
   /// on every rank, and retirement times differ between ranks.
   bool replicate_at_finish = false;
+  /// ZeRO-3: all-gather the weights of linears converted to Float8 under the tensorwise recipe
+  /// in e4m3 bytes (TorchTitan's [quantize.linear.float8] enable_fsdp_float8_all_gather, TorchAO's
+  /// float8 FSDP all-gather, torchao/float8/fsdp_utils.py): the unit's local amax of each such
+  /// weight's f32 shard, one all-reduce (max) of them over the shard group (and over the weight's
+  /// float8_tp group: TorchAO's amax is the whole DTensor's) — TorchAO's
+  /// precompute_float8_dynamic_scale_for_fsdp batching — each rank's shard cast to e4m3 codes
+  /// with that amax, an all-gather of the codes (1 byte per element instead of 2 or 4), and the
+  /// codes dequantized into the weights' full copies in param_dtype. The forward and backward
+  /// casts of those copies give back the same codes (see ensure_params), so a run equals the
+  /// high-precision gather's bit for bit when param_dtype is f32. The unit's other parameters
+  /// (norms) go through a second all-gather in param_dtype; gradients are unchanged.
+  bool float8_all_gather = false;
 };
 
 /// The model storage a ZeRO stage needs the Transformer to allocate itself: replicated
@@ -112,6 +124,18 @@ class ShardedDataParallel final : public GradientSync {
     bool params_ready = false;  // Parameter::value holds the current full values
     Tensor gather_send, gather_recv;
     std::unique_ptr<Work> gather;  // in-flight all-gather (declared after its buffers: destroyed first)
+    // float8_all_gather: the amax [number of Float8 weights] (reduced), and the e4m3 codes sent
+    // and received (i32 elements of 4 codes each)
+    Tensor f8_amax, f8_send, f8_recv;
+    std::unique_ptr<Work> f8_gather;
+  };
+  // float8_all_gather's split of a unit: its Float8 weights (offsets of the byte layout, one
+  // code per element, 16-aligned: i32 views start on whole elements) and its other parameters
+  // (offsets of their own high-precision layout); shard_offset / shard_elems in those layouts.
+  struct Float8Split {
+    ShardUnit f8, hp;
+    std::vector<int64_t> f8_master_offset, hp_master_offset;  // into shard_values
+    Communicator* tp = nullptr;  // the Float8 weights' float8_tp group, if split over tp
   };
   struct Reduction {
     size_t unit = 0;
@@ -132,6 +156,11 @@ class ShardedDataParallel final : public GradientSync {
   /// ZeRO-3 with bf16 gathers, outside gather_full_parameters().
   bool gather_bf16() const { return shards_params() && opt_.param_dtype == DType::kBF16 && !full_precision_; }
   bool shards_grads() const { return opt_.zero_stage >= 2; }
+  /// Whether unit f's gathers for compute go through the Float8 split (outside
+  /// gather_full_parameters()).
+  bool gather_f8(size_t f) const { return !full_precision_ && !f8_split_[f].f8.params.empty(); }
+  void start_f8_gather(size_t f);
+  void finish_f8_gather(size_t f);
   void start_gather(size_t f);
   void ensure_params(size_t f);
   void release_params(size_t f);
@@ -147,6 +176,7 @@ class ShardedDataParallel final : public GradientSync {
   ShardedOptions opt_;
   ShardPlan plan_;
   std::vector<UnitState> units_;
+  std::vector<Float8Split> f8_split_;  // per unit; empty splits without float8_all_gather
   std::vector<LocalShard> shards_;
   std::deque<Reduction> reductions_;            // reduce-scatters, in issue order
   std::deque<ReplicaReduction> replicas_;        // HSDP all-reduces, in issue order
