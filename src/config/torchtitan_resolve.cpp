@@ -200,6 +200,11 @@ void check_float8(Pass& p) {
           {Outcome::kRefused, "together with recipe_name (\"" + f.recipe +
                                   "\") is not supported, as in TorchTitan: the FP8 all-gather is the default "
                                   "(tensorwise) recipe's; leave recipe_name unset"});
+  else if (f.fsdp_float8_all_gather && p.cfg().parallelism.zero_stage < 3)
+    p.add(t + "enable_fsdp_float8_all_gather",
+          {Outcome::kNotice, "applies to fully sharded weights, gathered per FSDP unit (zero_stage = 3, TorchTitan's "
+                             "FSDP); with zero_stage = " + std::to_string(p.cfg().parallelism.zero_stage) +
+                             " the weights are not gathered that way and the option has no effect"});
   if (f.precompute_scale && !f.fsdp_float8_all_gather)
     p.add(t + "precompute_float8_dynamic_scale_for_fsdp",
           {Outcome::kNotice, "applies only with enable_fsdp_float8_all_gather = true (TorchTitan ignores it)"});
