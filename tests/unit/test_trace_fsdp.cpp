@@ -15,6 +15,7 @@
 #include "metrics/chrome_trace.hpp"
 #include "mpi/mpi_fixture.hpp"
 #include "parallel/fsdp/sharded_data_parallel.hpp"
+#include "scratch_dir.hpp"
 #include "tiny_model.hpp"
 #include "util/trace.hpp"
 
@@ -77,9 +78,7 @@ BOOST_AUTO_TEST_CASE(zero3_step_with_full_recompute) {
   trace::enable(false);
   const trace::Recording rec = trace::take();
 
-  const fs::path dir = fs::temp_directory_path() / "meshtrain_test_trace_fsdp";
-  if (world.rank() == 0) fs::remove_all(dir);
-  world.barrier();
+  const fs::path dir = meshtrain::testing::scratch_dir("meshtrain_test_trace_fsdp");  // this rank's, removed at exit
   const std::string path = write_chrome_trace(dir.string(), 1, world.rank(), rec);
   std::ifstream f(path);
   const json doc = json::parse(f);
