@@ -233,8 +233,8 @@ class CudaDevice final : public Device {
   ///     promising sm_90 kernels, and this path needs none.
   /// A group must span the reduction dimension (op(A) per row, op(B) per column, or tensorwise:
   /// every TorchAO recipe's GEMMs). A problem cuBLASLt has no FP8 algorithm for (e5m2 × e5m2, a
-  /// misaligned C that no temporary can fix) runs the emulation instead; float8_gemm_stats counts
-  /// both kinds. Asynchronous.
+  /// misaligned C that no temporary can fix) runs the emulation instead, said once per process
+  /// on stderr; float8_gemm_stats counts both kinds. Asynchronous.
   /// @throws std::runtime_error on a GPU below compute capability 8.9 (no FP8 tensor cores),
   ///         naming [quantize.linear.float8] emulate = true as the way out; std::invalid_argument
   ///         on shapes, dtypes or a scaling group along an output dimension.

@@ -5,6 +5,7 @@
 // CPU unit test that checks it against tensor/float8.cpp.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -429,6 +430,14 @@ void CudaDevice::float8_matmul(const Float8Operand& a, bool trans_a, const Float
     return count(true);
   }
   count(false);
+  // Not silent: the deck asked for FP8 GEMMs. Once per process, so a step does not print per GEMM.
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::fprintf(stderr,
+                 "warning: float8: cuBLASLt offers no FP8 kernel for a %lld x %lld x %lld GEMM on '%s'; such GEMMs "
+                 "run the emulation (quantize -> dequantize, high-precision GEMM) instead\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), gpu_name_.c_str());
+  });
   Device::float8_matmul(a, trans_a, b, trans_b, power_of_two, true, c, alpha, beta);
 }
 
