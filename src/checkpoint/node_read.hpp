@@ -3,9 +3,11 @@
 /// node — the two-phase idea of collective MPI-IO (ROMIO's aggregators), with the node's first
 /// rank as the aggregator. Every rank lists the byte ranges it wants; the node's first rank
 /// gathers the node's lists, reads their union front to back in requests of up to 8 MiB
-/// (ranges less than 1 MiB apart are read as one; two reader threads keep up to 8 requests in
-/// flight, each request one preadv that lands the reader's own bytes in place and the rest in a
-/// ring slot), and sends each other rank its bytes, in offset order, from where they landed: a
+/// (ranges less than 1 MiB apart are read as one; one reader thread issues plain sequential
+/// preads, as dd does, up to 8 requests ahead, each request one preadv that lands the reader's own
+/// bytes in place and the rest in a ring slot; another thread maps the destination pages ahead of
+/// it, and each receiving rank maps its own, so no read stops at first-touch page faults), and
+/// sends each other rank its bytes, in offset order, from where they landed: a
 /// piece of 64 KiB or more in a message of its own, received straight into its destination; the smaller
 /// ones of a request packed into one message. The disk then sees one large
 /// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
