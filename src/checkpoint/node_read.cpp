@@ -63,7 +63,8 @@ struct Segment {
 
 // Reads `ops` on kReaders threads of its own into where `segments[k]` say (one preadv per
 // request: the reading rank's bytes land in place, the rest in a ring of kDepth slots), so the
-// disk works on the next requests while the caller sends the current one. A failed read
+// disk works on the next requests while the caller sends the current one; one more thread maps
+// the requests' destination pages ahead of the reads (populate). A failed read
 // zero-fills what it did not read and records the first error (the caller reports it after the
 // collective protocol completes).
 class RingReader {
