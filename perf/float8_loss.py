@@ -14,7 +14,11 @@ may run side by side (--parallel); losses do not depend on timing.
 
 usage: float8_loss.py --meshtrain BIN --deck DECK --data H5 --out DIR [--steps 200]
                       [--recipes tensorwise rowwise] [--parallel] [--threads 1] [--tolerance 0.02]
-                      [--report-only]
+                      [--report-only] [--set KEY=VALUE ...]
+
+--set passes deck overrides to every run alike, e.g. TorchTitan's debug preset's optimizer and
+schedule (--set optimizer.lr=8e-4 lr_scheduler.warmup_steps=2 lr_scheduler.decay_type=linear
+lr_scheduler.min_lr_factor=0.0) in place of the deck's.
 """
 import argparse
 import json
@@ -57,6 +61,8 @@ def main():
     ap.add_argument("--parallel", action="store_true", help="run the trainings side by side")
     ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of each run (0: inherit)")
     ap.add_argument("--report-only", action="store_true", help="compare the runs already in --out, train nothing")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="deck overrides for every run (section.key=value, as meshtrain's --section.key=value)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     env = dict(os.environ)
@@ -67,7 +73,7 @@ def main():
     for r in [] if a.report_only else runs:
         cmd = [a.meshtrain, "train", "--deck", a.deck, f"--training.dataset={a.data}", f"--training.steps={a.steps}",
                "--metrics.log_freq=1", "--validation.enable=false", f"--job.dump_folder={os.path.join(a.out, r)}",
-               "--job.final_dump=false"] + overrides(r)
+               "--job.final_dump=false"] + [f"--{kv}" for kv in a.set] + overrides(r)
         log = open(os.path.join(a.out, r + ".log"), "w")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         if not a.parallel:
@@ -81,7 +87,8 @@ def main():
     if ref_event is not None:
         sys.exit("FAIL: the float32 run wrote a float8 record")
     steps = sorted(ref)
-    print(f"llama3_debug ({a.deck}), {len(steps)} steps, data {a.data}")
+    print(f"llama3_debug ({a.deck}), {len(steps)} steps, data {a.data}"
+          + (f", overrides: {' '.join(a.set)}" if a.set else ""))
     print("| recipe | final loss | float32 final | max rel. deviation (step) | steps over tolerance "
           "| max of 10-step means (ending step) | mean rel. deviation, last 20 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
