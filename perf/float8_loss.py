@@ -14,11 +14,13 @@ may run side by side (--parallel); losses do not depend on timing.
 
 usage: float8_loss.py --meshtrain BIN --deck DECK --data H5 --out DIR [--steps 200]
                       [--recipes tensorwise rowwise] [--parallel] [--threads 1] [--tolerance 0.02]
-                      [--report-only] [--set KEY=VALUE ...]
+                      [--report-only] [--set KEY=VALUE ...] [--plot PNG] [--table-every N]
 
 --set passes deck overrides to every run alike, e.g. TorchTitan's debug preset's optimizer and
 schedule (--set optimizer.lr=8e-4 lr_scheduler.warmup_steps=2 lr_scheduler.decay_type=linear
-lr_scheduler.min_lr_factor=0.0) in place of the deck's.
+lr_scheduler.min_lr_factor=0.0) in place of the deck's. --plot writes the loss curves and their
+relative deviations from float32 as a PNG (matplotlib); --table-every N also prints the losses of
+every N-th step as a Markdown table (the curves in text).
 """
 import argparse
 import json
@@ -49,6 +51,31 @@ def losses(run_dir):
     return out, event
 
 
+def plot(curves, steps, path, tolerance, note):
+    """Writes the loss curves (top) and each recipe's relative deviation from float32 (bottom) to `path`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    ref = curves["float32"]
+    colors = dict(zip(curves, ["black", "tab:orange", "tab:blue", "tab:green"]))
+    for name, c in curves.items():
+        top.plot(steps, [c[s] for s in steps], label=name, linewidth=1, color=colors[name])
+        if name != "float32":
+            bottom.plot(steps, [100 * (c[s] - ref[s]) / ref[s] for s in steps], label=name, linewidth=1,
+                        color=colors[name])
+    for y in (100 * tolerance, -100 * tolerance):
+        bottom.axhline(y, color="grey", linestyle="--", linewidth=0.8)
+    top.set_ylabel("training loss")
+    top.set_title("llama3 debug model, Float8 (emulated) against float32" + (f"\n{note}" if note else ""), fontsize=8,
+                  wrap=True)
+    top.legend()
+    bottom.set_ylabel("deviation from float32 (%)")
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--meshtrain", required=True)
@@ -61,6 +88,8 @@ def main():
     ap.add_argument("--parallel", action="store_true", help="run the trainings side by side")
     ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS of each run (0: inherit)")
     ap.add_argument("--report-only", action="store_true", help="compare the runs already in --out, train nothing")
+    ap.add_argument("--plot", help="write the loss curves to this PNG")
+    ap.add_argument("--table-every", type=int, default=0, help="print the losses of every N-th step as a table")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="deck overrides for every run (section.key=value, as meshtrain's --section.key=value)")
     a = ap.parse_args()
@@ -93,8 +122,10 @@ def main():
           "| max of 10-step means (ending step) | mean rel. deviation, last 20 |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     failed = []
+    curves = {"float32": ref}
     for r in a.recipes:
         got, event = losses(os.path.join(a.out, r))
+        curves[r] = got
         # The run says it trained in float8 and how its MFU is counted.
         if not event or event.get("recipe") != r or event.get("mfu_flops") != "bf16_equivalent":
             sys.exit(f"FAIL: {r}: metrics.jsonl has no float8 record of this recipe with mfu_flops bf16_equivalent")
@@ -110,6 +141,14 @@ def main():
               f"| {over} of {len(steps)} | {100 * m10[0]:.2f}% ({m10[1]}) | {100 * sum(tail) / len(tail):.2f}% |")
         if dev[worst] > a.tolerance:
             failed.append(r)
+    if a.table_every:
+        print("\n| step | " + " | ".join(curves) + " |")
+        print("| ---: |" + " ---: |" * len(curves))
+        for st in steps:
+            if st == 1 or st % a.table_every == 0:
+                print(f"| {st} | " + " | ".join(f"{c[st]:.4f}" for c in curves.values()) + " |")
+    if a.plot:
+        plot(curves, steps, a.plot, a.tolerance, ", ".join(a.set))
     if failed:
         sys.exit(f"FAIL: {', '.join(failed)} deviate from float32 by more than {100 * a.tolerance:.0f}%")
     print(f"every recipe tracks float32 within {100 * a.tolerance:.0f}% at every step")
