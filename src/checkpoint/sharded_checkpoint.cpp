@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "checkpoint/dataset_offsets.hpp"
 #include "checkpoint/h5_util.hpp"
 #include "checkpoint/model_args_h5.hpp"
 #include "checkpoint/node_read.hpp"
@@ -272,11 +273,22 @@ void check_shard_hash(const ChecksumRecord& r, const float* data, size_t n, cons
                        "] fails its checksum (xxh3 " + got + ", written " + r.xxh3_hex + "): corrupt checkpoint");
 }
 
-void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path, std::vector<float>& host) {
+// Re-reads record `r` through HDF5 and checks its hash. `places` (a load's /dataset_offsets, when
+// it planned from one) must agree with where the dataset really lies: the loaded bytes came from
+// there, and this re-read checks the dataset itself, not those bytes.
+void verify_record(hid_t file, const ChecksumRecord& r, const std::string& path, std::vector<float>& host,
+                   const std::unordered_map<std::string, DatasetPlace>* places = nullptr) {
   Handle d{-1, H5Dclose};
   H5E_BEGIN_TRY { d.id = H5Dopen2(file, r.dataset.c_str(), H5P_DEFAULT); }
   H5E_END_TRY;
   if (d.id < 0) h5::fail(path, "missing dataset " + r.dataset + " (listed in /checksums)");
+  if (places) {
+    const auto it = places->find(r.dataset);
+    const haddr_t real = H5Dget_offset(d.id);
+    if (it != places->end() && it->second.offset != uint64_t(real))
+      h5::fail(path, "dataset " + r.dataset + " lies at byte " + std::to_string(real) + ", /dataset_offsets says " +
+                         std::to_string(it->second.offset) + ": corrupt checkpoint");
+  }
   hsize_t elems = 1;
   for (hsize_t c : r.count) elems *= c;
   host.resize(size_t(elems));
@@ -419,9 +431,14 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
     // in the same order.
     std::map<std::string, Handle> datasets;
     for (const auto& [name, shape] : snap.datasets) datasets.emplace(name, create_dataset(file.id, name, shape, path));
+    {  // where each lies, for loads to plan their reads without opening every dataset
+      std::vector<std::pair<std::string, hid_t>> places;
+      for (const auto& [name, ds] : datasets) places.emplace_back(name, ds.id);
+      error = write_dataset_offsets(file.id, places, world_rank, path);
+    }
     // MoE selection biases: small [E] datasets, written by rank 0 (every rank holds them all).
     const std::vector<std::string> bias_names = expert_bias_names(snap.args);
-    if (world_rank == 0) error = expert_bias_problem(snap, path, &nonfinite);
+    if (world_rank == 0 && error.empty()) error = expert_bias_problem(snap, path, &nonfinite);
     // Shard data: independent writes of this rank's hyperslabs, each checksummed.
     std::string checksums;
     for (size_t j = 0; j < bias_names.size() && error.empty() && world_rank == 0; ++j) {
@@ -498,6 +515,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
   std::vector<std::vector<float>> staged;
   std::vector<FileExtent> extents;
   uint64_t file_size = 0;
+  std::unordered_map<std::string, DatasetPlace> places;  // /dataset_offsets (empty in older files)
   try {
     // Every rank opens the file read-only on its own (no collective requirements on reads). A
     // missing or non-HDF5 file becomes our message, not HDF5's error stack.
@@ -550,18 +568,23 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     if (model_only)  // the optimizer state is not read, so its records are not verified either
       std::erase_if(records, [](const ChecksumRecord& r) { return r.dataset.rfind("/optimizer/", 0) == 0; });
     verified.assign(records.size(), 0);
-    auto open_checked = [&](const std::string& name, const Parameter& p) {
+    places = read_dataset_offsets(file.id, path);
+    // Where dataset `name` lies and its dims: from /dataset_offsets, else (an older file, or a
+    // dataset it does not list) by opening the dataset.
+    auto place_of = [&](const std::string& name) {
+      if (auto it = places.find(name); it != places.end()) return it->second;
       Handle ds{-1, H5Dclose};
       H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, name.c_str(), H5P_DEFAULT); }
       H5E_END_TRY;
       if (ds.id < 0) h5::fail(path, "missing dataset " + name + " (a checkpoint of another model?)");
       Handle space{H5Dget_space(ds.id), H5Sclose};
-      std::vector<hsize_t> dims(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
-      H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
-      if (Shape(dims.begin(), dims.end()) != p.shape)
-        h5::fail(path, "dataset " + name + " has shape " + shape_str(Shape(dims.begin(), dims.end())) +
-                           ", the model needs " + shape_str(p.shape));
-      return ds;
+      DatasetPlace place;
+      place.dims.resize(size_t(std::max(0, H5Sget_simple_extent_ndims(space.id))));
+      H5Sget_simple_extent_dims(space.id, place.dims.data(), nullptr);
+      const haddr_t base = H5Dget_offset(ds.id);
+      if (base == HADDR_UNDEF) h5::fail(path, "dataset " + name + " is not stored contiguously (not written by meshtrain?)");
+      place.offset = uint64_t(base);
+      return place;
     };
     // What this rank holds: every parameter piece (replicated parameters — DDP, ZeRO-1/2 — the
     // whole tp slab; FSDP the shard) and, unless model_only, its shards' AdamW moments.
@@ -586,11 +609,13 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
     // Each read becomes the byte runs of its hyperslab in the (contiguous) dataset, landing in the
     // tensor itself on host-memory devices, else in a staging buffer uploaded afterwards.
     for (const Read& r : plan) {
-      Handle ds = open_checked(r.name, *r.p);
+      const DatasetPlace place = place_of(r.name);
+      if (Shape(place.dims.begin(), place.dims.end()) != r.p->shape)
+        h5::fail(path, "dataset " + r.name + " has shape " + shape_str(Shape(place.dims.begin(), place.dims.end())) +
+                           ", the model needs " + shape_str(r.p->shape));
       std::vector<hsize_t> start, count;
       shard_hyperslab(*r.p, r.first_elem, r.dst.numel(), start, count);
-      const haddr_t base = H5Dget_offset(ds.id);
-      if (base == HADDR_UNDEF) h5::fail(path, "dataset " + r.name + " is not stored contiguously (not written by meshtrain?)");
+      const uint64_t base = place.offset;
       char* dst = static_cast<char*>(dev.host_address(r.dst));
       if (!dst) {
         staged.emplace_back(size_t(r.dst.numel()));
@@ -617,9 +642,12 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
       if (node.reader()) {
         std::vector<ChecksumRecord> recs;
         std::vector<std::vector<FileExtent>> runs;
-        std::unordered_map<std::string, std::pair<haddr_t, std::vector<hsize_t>>> where;  // dataset → offset, dims
+        // dataset → offset, dims: the same places the ranks' reads were planned from
+        std::unordered_map<std::string, std::pair<haddr_t, std::vector<hsize_t>>> where;
         for (size_t i = 0; i < records.size(); ++i) {
           auto it = where.find(records[i].dataset);
+          if (auto listed = places.find(records[i].dataset); it == where.end() && listed != places.end())
+            it = where.emplace(records[i].dataset, std::make_pair(haddr_t(listed->second.offset), listed->second.dims)).first;
           if (it == where.end()) {
             Handle ds{-1, H5Dclose};
             H5E_BEGIN_TRY { ds.id = H5Dopen2(file.id, records[i].dataset.c_str(), H5P_DEFAULT); }
@@ -668,7 +696,7 @@ TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev,
                   MPI_INT, MPI_MAX, world);
   if (error.empty()) try {
       for (size_t i = 0, k = 0; i < records.size(); ++i)
-        if (!verified[i] && int64_t(k++) % size == rank) verify_record(file.id, records[i], path, host);
+        if (!verified[i] && int64_t(k++) % size == rank) verify_record(file.id, records[i], path, host, &places);
     } catch (const std::exception& e) {
       error = e.what();
     }

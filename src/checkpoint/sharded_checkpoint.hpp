@@ -119,8 +119,10 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 
 /// Reads `path` into the current layout: every local shard's parameter and AdamW-state
 /// hyperslab (and, when the model holds replicated parameters — DDP, ZeRO-1/2 — each parameter's
-/// whole tp slab), and AdamW's step count. The bytes travel through one sequential stream per
-/// node (NodeReader, node_read.hpp). Every /checksums record is verified: by its node's reader
+/// whole tp slab), and AdamW's step count. The reads are planned from /dataset_offsets
+/// (dataset_offsets.hpp; by opening each dataset in files without it) and the bytes travel
+/// through one sequential stream per node (NodeReader, node_read.hpp). Every /checksums record is
+/// verified: by its node's reader
 /// from the bytes streaming past (StreamVerifier), whatever layouts wrote and read it, so the file
 /// is read once; a record no reader saw whole is re-read, dealt round-robin over `world`.
 /// Collective over `world`.
@@ -130,7 +132,8 @@ void write_checkpoint(const std::string& path, MPI_Comm world, const CheckpointS
 /// @throws CheckpointError naming the file and dataset: not a checkpoint, a model-only checkpoint
 /// (unless `model_only`),
 /// a missing dataset, a parameter of another global shape (another model), an unreadable
-/// hyperslab, a failed checksum.
+/// hyperslab, a failed checksum (of a shard or of /dataset_offsets), a dataset elsewhere than
+/// /dataset_offsets says.
 TrainState load_checkpoint(const std::string& path, MPI_Comm world, Device& dev, const Transformer& model,
                            const std::vector<LocalShard>& shards, Optimizer& opt, bool model_only = false);
 
