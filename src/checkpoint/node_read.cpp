@@ -14,6 +14,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "util/errors.hpp"
@@ -22,7 +23,6 @@ namespace meshtrain {
 
 namespace {
 
-constexpr uint64_t kWindow = uint64_t(256) << 20;  // file bytes per round: bounds the reader's bookkeeping
 constexpr uint64_t kRequest = uint64_t(8) << 20;   // one pread at most
 constexpr uint64_t kGap = uint64_t(1) << 20;       // read across a hole this small rather than seek
 constexpr uint64_t kOwnMessage = uint64_t(64) << 10;  // a piece this large travels alone, into place
@@ -61,20 +61,17 @@ struct Segment {
   uint64_t bytes;
 };
 
-// Reads `ops` on kReaders threads of its own into where `segments[k]` say (one preadv per
+// Reads requests on kReaders threads of its own into where their segments say (one preadv per
 // request: the reading rank's bytes land in place, the rest in a ring of kDepth slots), so the
-// disk works on the next requests while the caller sends the current one; one more thread maps
-// the requests' destination pages ahead of the reads (populate). A failed read
-// zero-fills what it did not read and records the first error (the caller reports it after the
-// collective protocol completes).
+// disk works on the next requests while the caller hashes and sends the current one; one more
+// thread maps the requests' destination pages ahead of the reads (populate). Requests are added
+// window by window (add), numbered on across windows, so the reading runs on from one window into
+// the next while the caller finishes the first. A failed read zero-fills what it did not read and
+// records the first error (the caller reports it after the collective protocol completes).
 class RingReader {
  public:
-  /// `segments[k]` covers ops[k] in order; a segment inside slot(k) must lie at its offset in the
-  /// request (slot(k) + file offset − ops[k].begin).
-  RingReader(int fd, const std::vector<Op>& ops, const std::vector<std::vector<Segment>>& segments,
-             std::vector<std::unique_ptr<char[]>>& slots, const std::string& path)
-      : fd_(fd), ops_(ops), segments_(segments), slots_(slots), path_(path) {
-    done_.assign(ops.size(), 0);
+  RingReader(int fd, std::vector<std::unique_ptr<char[]>>& slots, const std::string& path)
+      : fd_(fd), slots_(slots), path_(path) {
     for (size_t t = 0; t < kReaders; ++t) threads_.emplace_back([this, t] { run(t); });
     threads_.emplace_back([this] { populate(); });
   }
@@ -91,6 +88,24 @@ class RingReader {
 
   /// Request k's ring slot (kRequest bytes; valid until release(k)).
   static char* slot(std::vector<std::unique_ptr<char[]>>& slots, size_t k) { return slots[k % slots.size()].get(); }
+  /// The number of requests added so far: the next add's first request is numbered so.
+  size_t added() const { return ops_.size(); }
+  /// Appends requests `ops` (numbered from added() on) with their segments: `segments[j]` covers
+  /// ops[j] in file order; a segment inside the slot of request k = added() + j must lie at its
+  /// offset in the request (slot(k) + file offset − ops[j].begin). Only the caller's thread adds.
+  void add(const std::vector<Op>& ops, std::vector<std::vector<Segment>>&& segments) {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      for (size_t j = 0; j < ops.size(); ++j) {
+        ops_.push_back(ops[j]);
+        segments_.push_back(std::move(segments[j]));
+        done_.push_back(0);
+      }
+    }
+    cv_.notify_all();
+  }
+  /// Request k's segments (stable until the reader is destroyed; read on the caller's thread).
+  const std::vector<Segment>& segments(size_t k) const { return segments_[k]; }
   /// Waits until request k is in memory; its slot stays valid until release(k).
   void wait(size_t k) {
     std::unique_lock<std::mutex> l(m_);
@@ -114,15 +129,16 @@ class RingReader {
   // detection, or made the reader submit the readahead synchronously).
   void run(size_t t) {
     std::vector<iovec> iov;
-    for (size_t k = t; k < ops_.size(); k += kReaders) {
+    for (size_t k = t;; k += kReaders) {
+      uint64_t off = 0;
       {
         std::unique_lock<std::mutex> l(m_);
-        cv_.wait(l, [&] { return stop_ || k < released_ + slots_.size(); });
+        cv_.wait(l, [&] { return stop_ || (k < ops_.size() && k < released_ + slots_.size()); });
         if (stop_) return;
+        iov.clear();  // copied under the lock: add() may be growing the deques meanwhile
+        for (const Segment& sg : segments_[k]) iov.push_back({sg.addr, size_t(sg.bytes)});
+        off = ops_[k].begin;
       }
-      iov.clear();
-      for (const Segment& sg : segments_[k]) iov.push_back({sg.addr, size_t(sg.bytes)});
-      uint64_t off = ops_[k].begin;
       size_t first = 0;  // the first iovec not wholly read
       while (first < iov.size() && fd_ >= 0) {
         const int n = int(std::min<size_t>(iov.size() - first, IOV_MAX));
@@ -156,24 +172,29 @@ class RingReader {
   // Maps every request's destinations (the caller's tensors, the ring slots' first use) in request
   // order, ahead of the reading thread (see prefault).
   void populate() {
-    for (size_t k = 0; k < ops_.size(); ++k) {
+    std::vector<Segment> segs;
+    for (size_t k = 0;; ++k) {
       {
-        std::lock_guard<std::mutex> g(m_);
+        std::unique_lock<std::mutex> l(m_);
+        cv_.wait(l, [&] { return stop_ || k < ops_.size(); });
         if (stop_) return;
         if (done_[k]) continue;  // the read got there first
+        segs = segments_[k];
       }
-      for (const Segment& sg : segments_[k]) prefault(sg.addr, sg.bytes);
+      for (const Segment& sg : segs) prefault(sg.addr, sg.bytes);
     }
   }
 
   int fd_;
-  const std::vector<Op>& ops_;
-  const std::vector<std::vector<Segment>>& segments_;
   std::vector<std::unique_ptr<char[]>>& slots_;
   std::string path_, error_;
   std::mutex m_;
   std::condition_variable cv_;
-  std::vector<char> done_;  // per request: in memory
+  // Every request added so far (deques: add() appends without moving the elements the caller
+  // reads through segments(k)).
+  std::deque<Op> ops_;
+  std::deque<std::vector<Segment>> segments_;
+  std::deque<char> done_;  // per request: in memory
   size_t released_ = 0;
   bool stop_ = false;
   std::vector<std::thread> threads_;
@@ -239,7 +260,8 @@ void wait_politely(std::vector<MPI_Request>& reqs) {
 
 }  // namespace
 
-NodeReader::NodeReader(MPI_Comm world) {
+NodeReader::NodeReader(MPI_Comm world, uint64_t window_bytes) : window_(window_bytes) {
+  if (window_bytes == 0) throw std::invalid_argument("NodeReader: a window of 0 bytes");
   int rank = 0;
   MPI_Comm_rank(world, &rank);
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_);
@@ -262,23 +284,28 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     if (fd < 0) error = path + ": cannot open: " + std::strerror(errno);
     else ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   }
-  uint64_t disk_bytes = 0;
-  std::vector<std::unique_ptr<char[]>> slots;  // the reading rank's ring (kDepth requests), made once
-  size_t next = 0;  // first extent of `mine` not wholly before the window
-  for (uint64_t lo = 0; lo < file_size; lo += kWindow) {
-    const uint64_t hi = std::min(file_size, lo + kWindow);
-    // This rank's extents clipped to the window, in offset order.
+  const size_t nodes = static_cast<size_t>(node_size_);
+  // One window of the file, planned: the requests over the node's extents in it, this rank's
+  // extents clipped to it and, on the reading rank, every node rank's.
+  struct Window {
+    std::vector<Op> ops;
     std::vector<FileExtent> clip;
+    std::vector<std::vector<FileExtent>> lists;
+  };
+  size_t next = 0;  // first extent of `mine` not wholly before the window being planned
+  // Collective over the node: every rank plans the windows in the same order.
+  auto plan_window = [&](uint64_t lo) {
+    Window w;
+    const uint64_t hi = std::min(file_size, lo + window_);
     while (next < mine.size() && mine[next].offset + mine[next].bytes <= lo) ++next;
     for (size_t i = next; i < mine.size() && mine[i].offset < hi; ++i) {
       const FileExtent& e = mine[i];
       const uint64_t s = std::max(e.offset, lo), t = std::min(e.offset + e.bytes, hi);
-      clip.push_back({s, t - s, e.dst + (s - e.offset)});
+      w.clip.push_back({s, t - s, e.dst + (s - e.offset)});
     }
     std::vector<uint64_t> pairs;
-    for (const FileExtent& e : clip) pairs.push_back(e.offset), pairs.push_back(e.bytes);
+    for (const FileExtent& e : w.clip) pairs.push_back(e.offset), pairs.push_back(e.bytes);
     int count = int(pairs.size());
-    const size_t nodes = static_cast<size_t>(node_size_);
     std::vector<int> counts(nodes), displs(nodes);
     MPI_Gather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, node_);
     std::vector<uint64_t> all;
@@ -290,25 +317,72 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
     // The reading rank plans the requests over the union of the node's extents and tells the
     // node, so that every rank knows which of its bytes each request's message carries and can
     // receive them straight into place.
-    std::vector<Op> ops;
-    std::vector<std::vector<FileExtent>> lists(nodes);
     if (reader()) {
+      w.lists.resize(nodes);
       std::vector<Op> wanted;
       for (size_t r = 0; r < nodes; ++r)
         for (int j = displs[r]; j < displs[r] + counts[r]; j += 2) {
           const uint64_t off = all[size_t(j)], n = all[size_t(j) + 1];
-          lists[r].push_back({off, n, r == 0 ? clip[lists[0].size()].dst : nullptr});
+          w.lists[r].push_back({off, n, r == 0 ? w.clip[w.lists[0].size()].dst : nullptr});
           wanted.push_back({off, off + n});
         }
-      ops = plan_requests(std::move(wanted));
+      w.ops = plan_requests(std::move(wanted));
     }
-    uint64_t n_ops = ops.size();
+    uint64_t n_ops = w.ops.size();
     MPI_Bcast(&n_ops, 1, MPI_UINT64_T, 0, node_);
-    ops.resize(size_t(n_ops));
+    w.ops.resize(size_t(n_ops));
     static_assert(sizeof(Op) == 2 * sizeof(uint64_t));
-    MPI_Bcast(ops.data(), int(2 * n_ops), MPI_UINT64_T, 0, node_);
+    MPI_Bcast(w.ops.data(), int(2 * n_ops), MPI_UINT64_T, 0, node_);
+    return w;
+  };
+  // Where each request's bytes land: this rank's own wanted bytes straight in its destinations
+  // (one preadv per request: no copy afterwards, which had cost as much CPU as the hashing), the
+  // rest in the request's ring slot. Other ranks' messages are sent from wherever their bytes
+  // landed; a slot is released once its request's sends complete, so sending overlaps the next
+  // requests' hashing and the disk's reads.
+  std::vector<std::unique_ptr<char[]>> slots;  // the reading rank's ring (kDepth requests)
+  std::unique_ptr<RingReader> ring;
+  if (reader()) {
+    for (size_t i = 0; i < kDepth; ++i) slots.emplace_back(new char[kRequest]);  // untouched until used
+    ring = std::make_unique<RingReader>(fd, slots, path);
+  }
+  auto hand_to_ring = [&](const Window& w) {
+    const size_t first = ring->added();
+    std::vector<std::vector<Segment>> segments(w.ops.size());
+    ExtentCursor own{&w.lists[0]};
+    for (size_t j = 0; j < w.ops.size(); ++j) {
+      const Op& op = w.ops[j];
+      char* slot = RingReader::slot(slots, first + j);
+      uint64_t at = op.begin;
+      auto gap_to = [&](uint64_t to) {
+        if (to > at) segments[j].push_back({at, slot + (at - op.begin), to - at});
+        at = std::max(at, to);
+      };
+      own.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+        gap_to(from);
+        segments[j].push_back({from, e.dst + (from - e.offset), n});
+        at = from + n;
+      });
+      gap_to(op.end);
+    }
+    ring->add(w.ops, std::move(segments));
+    return first;
+  };
+  uint64_t disk_bytes = 0;
+  // Each window is planned one ahead of the one being read, so the reading thread goes on into the
+  // next window while this one's last requests are hashed and sent (the ring's order is the file's).
+  Window cur = plan_window(0);
+  size_t cur_first = reader() ? hand_to_ring(cur) : 0;
+  for (uint64_t lo = 0; lo < file_size; lo += window_) {
+    Window ahead;
+    size_t ahead_first = 0;
+    if (lo + window_ < file_size) {
+      ahead = plan_window(lo + window_);
+      if (reader()) ahead_first = hand_to_ring(ahead);
+    }
+    const std::vector<Op>& ops = cur.ops;
     if (!reader()) {
-      ExtentCursor cur{&clip}, ahead{&clip};
+      ExtentCursor cur_ext{&cur.clip}, ahead_ext{&cur.clip};
       std::vector<char> staging;
       std::vector<Block> small;
       std::vector<MPI_Request> reqs;
@@ -321,7 +395,7 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
         // transport copy once, where a derived datatype would go through its fragment pipeline.
         small.clear();
         reqs.clear();
-        cur.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
+        cur_ext.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
           char* dst = e.dst + (from - e.offset);
           if (n >= kOwnMessage) {
             reqs.emplace_back();
@@ -339,112 +413,93 @@ uint64_t NodeReader::read(const std::string& path, uint64_t file_size, std::vect
         // While this request's bytes travel, map the next requests' destinations (a fresh
         // tensor's first touch would otherwise happen inside the transport's copy).
         for (; populated < std::min(ops.size(), k + 2); ++populated)
-          ahead.take(ops[populated].begin, ops[populated].end,
-                     [](const FileExtent& e, uint64_t from, uint64_t n) { prefault(e.dst + (from - e.offset), n); });
+          ahead_ext.take(ops[populated].begin, ops[populated].end,
+                         [](const FileExtent& e, uint64_t from, uint64_t n) { prefault(e.dst + (from - e.offset), n); });
         wait_politely(reqs);
         for (size_t b = 0, at = 0; b < small.size(); at += small[b].bytes, ++b)
           std::memcpy(small[b].addr, staging.data() + at, small[b].bytes);
       }
-      continue;
-    }
-    std::vector<ExtentCursor> cursors(nodes);
-    for (size_t r = 0; r < nodes; ++r) cursors[r].list = &lists[r];
-    // Where each request's bytes land: this rank's own wanted bytes straight in its destinations
-    // (one preadv per request: no copy afterwards, which had cost as much CPU as the hashing), the
-    // rest in the request's ring slot. Other ranks' messages are sent from wherever their bytes
-    // landed; a slot is released once its request's sends complete, so sending overlaps the next
-    // requests' hashing and the disk's reads.
-    if (slots.empty())
-      for (size_t i = 0; i < kDepth; ++i) slots.emplace_back(new char[kRequest]);  // untouched until used
-    std::vector<std::vector<Segment>> segments(ops.size());
-    {
-      ExtentCursor own = cursors[0];
-      for (size_t k = 0; k < ops.size(); ++k) {
-        const Op& op = ops[k];
-        char* slot = RingReader::slot(slots, k);
-        uint64_t at = op.begin;
-        auto gap_to = [&](uint64_t to) {
-          if (to > at) segments[k].push_back({at, slot + (at - op.begin), to - at});
-          at = std::max(at, to);
-        };
-        own.take(op.begin, op.end, [&](const FileExtent& e, uint64_t from, uint64_t n) {
-          gap_to(from);
-          segments[k].push_back({from, e.dst + (from - e.offset), n});
-          at = from + n;
-        });
-        gap_to(op.end);
-      }
-    }
-    // The pieces of [from, from + n) as they landed (`segs` covers a request in file order).
-    auto landed = [](const std::vector<Segment>& segs, uint64_t from, uint64_t n, std::vector<Block>& out) {
-      auto it = std::upper_bound(segs.begin(), segs.end(), from,
-                                 [](uint64_t o, const Segment& sg) { return o < sg.offset; });
-      for (--it; n > 0; ++it) {
-        const uint64_t skip = from - it->offset, take = std::min(n, it->bytes - skip);
-        if (!out.empty() && out.back().addr + out.back().bytes == it->addr + skip) out.back().bytes += take;
-        else out.push_back({it->addr + skip, take});
-        from += take, n -= take;
-      }
-    };
-    // Request k's sends stay in flight while the next ones are read and sent, up to kSendLag
-    // requests behind (a receiver sharing a core with the reader's threads copies late at times;
-    // waiting for it at once would stall the reader). Its slot is released, and its packed
-    // messages (packed[k % kDepth]) freed, once they complete.
-    std::vector<std::vector<std::vector<std::vector<char>>>> packed(kDepth, std::vector<std::vector<std::vector<char>>>(nodes));
-    std::deque<std::pair<size_t, std::vector<MPI_Request>>> in_flight;
-    std::vector<MPI_Request> sending;
-    RingReader ring(fd, ops, segments, slots, path);
-    auto retire = [&](bool all) {
-      while (!in_flight.empty()) {
-        std::vector<MPI_Request>& reqs = in_flight.front().second;
-        if (all || in_flight.size() > kSendLag) {
-          MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
-        } else {
-          int done = 0;
-          MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
-          if (!done) return;
+    } else {
+      std::vector<ExtentCursor> cursors(nodes);
+      for (size_t r = 0; r < nodes; ++r) cursors[r].list = &cur.lists[r];
+      // The pieces of [from, from + n) as they landed (`segs` covers a request in file order).
+      auto landed = [](const std::vector<Segment>& segs, uint64_t from, uint64_t n, std::vector<Block>& out) {
+        auto it = std::upper_bound(segs.begin(), segs.end(), from,
+                                   [](uint64_t o, const Segment& sg) { return o < sg.offset; });
+        for (--it; n > 0; ++it) {
+          const uint64_t skip = from - it->offset, take = std::min(n, it->bytes - skip);
+          if (!out.empty() && out.back().addr + out.back().bytes == it->addr + skip) out.back().bytes += take;
+          else out.push_back({it->addr + skip, take});
+          from += take, n -= take;
         }
-        ring.release(in_flight.front().first);
-        in_flight.pop_front();
-      }
-    };
-    for (size_t k = 0; k < ops.size(); ++k) {
-      ring.wait(k);
-      const Op& op = ops[k];
-      disk_bytes += op.end - op.begin;
-      if (observe)
-        for (const Segment& sg : segments[k]) observe(sg.offset, sg.addr, sg.bytes);
-      for (size_t r = 1; r < nodes; ++r) {
-        // As the receiver expects them: each large piece in a message of its own, sent from where
-        // it landed (packed only when it landed in several places), then the small ones packed.
-        std::vector<std::vector<char>>& bufs = packed[k % kDepth][r];
-        bufs.clear();
-        std::vector<Block> small;
-        auto send = [&](const std::vector<Block>& blocks) {
-          const char* from = blocks[0].addr;
-          if (blocks.size() > 1) {
-            std::vector<char>& out = bufs.emplace_back(total_bytes(blocks));
-            for (size_t b = 0, at = 0; b < blocks.size(); at += blocks[b].bytes, ++b)
-              std::memcpy(out.data() + at, blocks[b].addr, blocks[b].bytes);
-            from = out.data();
+      };
+      // Request k's sends stay in flight while the next ones are read and sent, up to kSendLag
+      // requests behind (a receiver sharing a core with the reader's threads copies late at
+      // times; waiting for it at once would stall the reader). Its slot is released, and its
+      // packed messages (packed[k % kDepth]) freed, once they complete.
+      std::vector<std::vector<std::vector<std::vector<char>>>> packed(kDepth, std::vector<std::vector<std::vector<char>>>(nodes));
+      std::deque<std::pair<size_t, std::vector<MPI_Request>>> in_flight;
+      std::vector<MPI_Request> sending;
+      auto retire = [&](bool all) {
+        while (!in_flight.empty()) {
+          std::vector<MPI_Request>& reqs = in_flight.front().second;
+          if (all || in_flight.size() > kSendLag) {
+            MPI_Waitall(int(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+          } else {
+            int done = 0;
+            MPI_Testall(int(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+            if (!done) return;
           }
-          sending.emplace_back();
-          MPI_Isend(from, int(total_bytes(blocks)), MPI_BYTE, int(r), kTag, node_, &sending.back());
-        };
-        cursors[r].take(op.begin, op.end, [&](const FileExtent&, uint64_t from, uint64_t n) {
-          if (n < kOwnMessage) return landed(segments[k], from, n, small);
-          std::vector<Block> piece;
-          landed(segments[k], from, n, piece);
-          send(piece);
-        });
-        if (!small.empty()) send(small);
+          ring->release(in_flight.front().first);
+          in_flight.pop_front();
+        }
+      };
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const size_t g = cur_first + k;  // the request's number in the ring
+        ring->wait(g);
+        const Op& op = ops[k];
+        const std::vector<Segment>& segs = ring->segments(g);
+        disk_bytes += op.end - op.begin;
+        if (observe)
+          for (const Segment& sg : segs) observe(sg.offset, sg.addr, sg.bytes);
+        for (size_t r = 1; r < nodes; ++r) {
+          // As the receiver expects them: each large piece in a message of its own, sent from
+          // where it landed (packed only when it landed in several places), then the small ones
+          // packed.
+          std::vector<std::vector<char>>& bufs = packed[g % kDepth][r];
+          bufs.clear();
+          std::vector<Block> small;
+          auto send = [&](const std::vector<Block>& blocks) {
+            const char* from = blocks[0].addr;
+            if (blocks.size() > 1) {
+              std::vector<char>& out = bufs.emplace_back(total_bytes(blocks));
+              for (size_t b = 0, at = 0; b < blocks.size(); at += blocks[b].bytes, ++b)
+                std::memcpy(out.data() + at, blocks[b].addr, blocks[b].bytes);
+              from = out.data();
+            }
+            sending.emplace_back();
+            MPI_Isend(from, int(total_bytes(blocks)), MPI_BYTE, int(r), kTag, node_, &sending.back());
+          };
+          cursors[r].take(op.begin, op.end, [&](const FileExtent&, uint64_t from, uint64_t n) {
+            if (n < kOwnMessage) return landed(segs, from, n, small);
+            std::vector<Block> piece;
+            landed(segs, from, n, piece);
+            send(piece);
+          });
+          if (!small.empty()) send(small);
+        }
+        in_flight.emplace_back(g, std::move(sending));
+        sending.clear();
+        retire(false);
       }
-      in_flight.emplace_back(k, std::move(sending));
-      sending.clear();
-      retire(false);
+      retire(true);
     }
-    retire(true);
-    if (error.empty()) error = ring.error();
+    cur = std::move(ahead);
+    cur_first = ahead_first;
+  }
+  if (ring) {
+    if (error.empty()) error = ring->error();  // every request was waited for: final
+    ring.reset();  // joins its threads
   }
   if (fd >= 0) ::close(fd);
   if (!error.empty()) throw CheckpointError(error);

@@ -13,8 +13,10 @@
 /// sequential read per node whatever the layout, as `dd` does, instead of one interleaved stream
 /// of row-sized requests per rank; ranks that want the same bytes (DDP, ZeRO-1/2) share one read.
 /// The work goes in windows of the file (256 MiB), so the reader's bookkeeping is bounded by the
-/// window; the destinations themselves are the caller's (load_checkpoint reads into the tensors on
-/// host-memory devices, and stages a GPU rank's whole share in host memory before uploading it).
+/// window; each window is planned while the one before it is read, and the reading thread runs on
+/// from one window into the next. The destinations themselves are the caller's (load_checkpoint
+/// reads into the tensors on host-memory devices, and stages a GPU rank's whole share in host
+/// memory before uploading it).
 #include <mpi.h>
 
 #include <cstdint>
@@ -38,8 +40,14 @@ using ChunkObserver = std::function<void(uint64_t offset, const char* data, uint
 /// The node-aggregated reader over `world`.
 class NodeReader {
  public:
-  /// Splits `world` by shared-memory node (MPI_COMM_TYPE_SHARED). Collective over `world`.
-  explicit NodeReader(MPI_Comm world);
+  /// File bytes the reading rank plans at a time (256 MiB): bounds its bookkeeping (the node's
+  /// extent lists of one window, two while the next window is read ahead).
+  static constexpr uint64_t kDefaultWindow = uint64_t(256) << 20;
+
+  /// Splits `world` by shared-memory node (MPI_COMM_TYPE_SHARED); `window_bytes` (> 0, the same
+  /// on every rank) is the planning window (tests make it small to cross many windows).
+  /// Collective over `world`. @throws std::invalid_argument when `window_bytes` is 0.
+  explicit NodeReader(MPI_Comm world, uint64_t window_bytes = kDefaultWindow);
   ~NodeReader();
   NodeReader(const NodeReader&) = delete;
   NodeReader& operator=(const NodeReader&) = delete;
@@ -61,6 +69,7 @@ class NodeReader {
  private:
   MPI_Comm node_ = MPI_COMM_NULL;
   int node_rank_ = 0, node_size_ = 1;
+  uint64_t window_ = kDefaultWindow;
 };
 
 }  // namespace meshtrain
