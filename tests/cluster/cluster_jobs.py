@@ -34,7 +34,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SLURM = os.path.join(ROOT, "scripts", "slurm")
 DECK = os.path.join(ROOT, "tests", "equivalence", "tiny.toml")
-TIMEOUT_S = 10  # [comm] train_timeout_seconds of the failure runs
+# [comm] train_timeout_seconds of the failure runs: under the test cluster's SlurmdTimeout (10 s),
+# so that the surviving ranks' watchdog stops them (naming the group) before Slurm can declare the
+# cut-off node down and end the step itself — with both at 10 s that race went to Slurm at times
+# (no watchdog line in the log). Steps take about 0.5 s here, and the first step after a (re)start
+# has no deadline, so 5 s cannot fire on a healthy run.
+TIMEOUT_S = 5
 STEPS = 28  # of the failure runs: killed at step 15 or later, resumed at step 10
 
 
@@ -193,15 +198,25 @@ def failure(a, cl, st, how):
     t_fail = time.time()
     subprocess.run([f"{SLURM}/multinode-node.sh", "kill" if how == "node_kill" else "cut", str(victim)], check=True)
     node = f"mtmn-n{victim}"
+    # The cut-off node's ranks must have stopped (their watchdog fires after TIMEOUT_S) by 20 s
+    # later: looked at then, whether the relaunched job is still running or has already ended.
+    leftover_at = t_fail + TIMEOUT_S + 20
+
+    def meshtrain_left():
+        return [p for p in sh(["ip", "netns", "pids", node], cl.env).stdout.split()
+                if open(f"/proc/{p}/comm").read().strip() == "meshtrain"]
+
     leftover, t_again = None, None
     while time.time() < t_fail + 240 and cl.wait(job, 0.01) == "TIMEOUT":
         text = open(metrics).read()
         if t_again is None and text.count('"step":11,') >= 2:
             t_again = time.time() - t_fail
-        if how == "link_cut" and leftover is None and time.time() > t_fail + TIMEOUT_S + 20:
-            leftover = [p for p in sh(["ip", "netns", "pids", node], cl.env).stdout.split()
-                        if open(f"/proc/{p}/comm").read().strip() == "meshtrain"]
+        if how == "link_cut" and leftover is None and time.time() > leftover_at:
+            leftover = meshtrain_left()
         time.sleep(0.2)
+    if how == "link_cut" and leftover is None:  # the job ended first
+        time.sleep(max(0.0, leftover_at - time.time()))
+        leftover = meshtrain_left()
     result = cl.job_field(job, "JobState")
     restarts = cl.job_field(job, "Restarts")
     text = open(log).read()
@@ -212,7 +227,7 @@ def failure(a, cl, st, how):
     ok = result == "COMPLETED" and restarts == "0" and f"node failure: lost {node}" in text
     ok &= "resumed from" in text and "step-00000010.h5" in text
     if how == "link_cut":
-        named = re.search(r"watchdog: \S+ on dimension '\w+' group \d+ .* did not complete within 10 s", text) is not None
+        named = re.search(rf"watchdog: \S+ on dimension '\w+' group \d+ .* did not complete within {TIMEOUT_S} s", text) is not None
         print(f"ranks stopped within the deadline naming the group: {named}; meshtrain processes left on {node}: "
               f"{leftover if leftover is not None else 'not checked'}")
         ok &= named and leftover == []
