@@ -346,8 +346,10 @@ bool CudaDevice::float8_lt_matmul(const Float8Bytes& a, const Float8Bytes& b, in
     MT_CUDA(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     MT_CUDA(cublasLtMatmulDescSetAttribute(desc.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
   }
-  MT_CUDA(cublasLtMatrixLayoutCreate(&desc.la, b.type, uint64_t(k), uint64_t(n), ld));
-  MT_CUDA(cublasLtMatrixLayoutCreate(&desc.lb, a.type, uint64_t(k), uint64_t(m), ld));
+  // K as padded: FP8 kernels want K a multiple of 16 (cuBLASLt offered none for K = 200 on an
+  // H200), and the padding bytes are zeros (float8_bytes), which add nothing to the products.
+  MT_CUDA(cublasLtMatrixLayoutCreate(&desc.la, b.type, uint64_t(ld), uint64_t(n), ld));
+  MT_CUDA(cublasLtMatrixLayoutCreate(&desc.lb, a.type, uint64_t(ld), uint64_t(m), ld));
   MT_CUDA(cublasLtMatrixLayoutCreate(&desc.ld, dt, uint64_t(n), uint64_t(m), n));
   const int align_d = address_alignment(d);
   MatmulAlgo algo;
