@@ -18,6 +18,16 @@
 // CPU's emulation: the looser tolerances there are quantization's, not the kernels' (a bf16
 // rounding that moves a value across an e4m3 rounding midpoint changes its code by one step,
 // 6 % of the value on average).
+// Float8 gradients are chaotic in the inputs' last bits: a difference of a few ulps anywhere
+// flips a few e4m3/e5m2 codes (one step is 12.5 % / 25 % of the value), each flip perturbs the
+// next GEMM's every output, and the flips multiply down the backward pass. On the CPU alone,
+// weights moved by 4 ulps (which moves the fp32 gradients by 1.8e-6, about the GPU's own fp32
+// difference, 1.5e-6 on an H100) move the emulated gradients by up to 8-9 % (tensorwise), 5 %
+// (rowwise), 1.6-2.7 % (rowwise_with_gw_hp). So the GPU's f32 emulation is held to that noise
+// floor, measured in the same run: every parameter's gradient within 1.5x the floor's worst
+// and their mean within 2x the floor's mean (both the largest of 3 perturbed CPU runs), and
+// the loss to 1e-4. A GPU bug (a wrong scale, a wrong format, a transposed operand) moves
+// gradients by tens of percent.
 #include <cmath>
 #include <random>
 
@@ -42,13 +52,28 @@ struct StepResult {
   std::vector<std::vector<float>> grads, values;
 };
 
+/// Multiplies each element of every parameter by 1 − 2⁻²¹, 1 or 1 + 2⁻²¹ (4 ulps of fp32),
+/// drawn from `seed`: the size of difference the GPU's fp32 kernels make.
+void perturb_weights(Device& dev, Transformer& model, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_int_distribution<int> d(-1, 1);
+  for (Parameter* p : model.parameters()) {
+    std::vector<float> v = host_values(dev, p->value);
+    for (float& x : v) x *= 1.0f + std::ldexp(float(d(g)), -21);
+    set_values(dev, p->value, v);
+  }
+  model.params_changed();
+}
+
 /// One forward/backward of `samples` [b, t+1] and one AdamW step on `dev`; eos ≥ 0 masks
 /// attention to the documents ending with that token; f8, when set, converts the linears to
-/// Float8 training.
+/// Float8 training; perturb_seed > 0 perturbs the initial weights (perturb_weights).
 StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std::vector<int32_t>& samples, int64_t b,
-                    int64_t t, CheckpointPolicy policy = {}, int32_t eos = -1, const Float8Config* f8 = nullptr) {
+                    int64_t t, CheckpointPolicy policy = {}, int32_t eos = -1, const Float8Config* f8 = nullptr,
+                    uint64_t perturb_seed = 0) {
   Transformer model(args, dev, {}, {}, compute);
   model.init_weights(1234);
+  if (perturb_seed > 0) perturb_weights(dev, model, perturb_seed);
   if (f8) convert_float8_linears(model, *f8);
   if (eos >= 0) model.set_document_mask_eos(eos);
   Executor exec(model.units(), model.block_index(), policy);
@@ -104,9 +129,21 @@ double value_excess(const std::vector<float>& a, const std::vector<float>& b, co
 /// Token 2 closes the documents of compare(…, documents = true): ids elsewhere avoid it.
 constexpr int32_t kEos = 2;
 
+/// The largest (over `runs` perturbed CPU runs) worst and mean per-parameter gradient error
+/// against the unperturbed run `c`: how far the step's gradients move under fp32-sized input
+/// differences alone.
+struct NoiseFloor {
+  double worst = 0, mean = 0;
+};
+
+/// Compares one step on the GPU (`compute`, gpu_f8) with the CPU (f32, cpu_f8): loss to loss_tol
+/// relative, every gradient to grad_tol normwise (rel_error), updated values to value_tol beyond
+/// what the gradients explain (value_excess). noise_runs > 0 measures the CPU's noise floor
+/// under 4-ulp weight perturbations (NoiseFloor) and widens the gradient bound to it: each
+/// parameter within max(grad_tol, 1.5 × floor.worst), their mean within 2 × floor.mean.
 void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_tol, double value_tol,
              CheckpointPolicy policy = {}, bool documents = false, const Float8Config* cpu_f8 = nullptr,
-             const Float8Config* gpu_f8 = nullptr) {
+             const Float8Config* gpu_f8 = nullptr, int noise_runs = 0) {
   const int64_t b = 2, t = documents ? 200 : 64;
   auto samples = random_tokens(b * (t + 1), args.vocab_size, 99);
   if (documents) {
@@ -121,18 +158,40 @@ void compare(const ModelArgs& args, DType compute, double loss_tol, double grad_
   const double loss_err = std::fabs(g.loss - c.loss) / std::fabs(c.loss);
   BOOST_TEST_MESSAGE(args.name << " " << dtype_name(compute) << ": loss cpu " << c.loss << " gpu " << g.loss);
   BOOST_CHECK_MESSAGE(loss_err <= loss_tol, "loss rel err " << loss_err << " > " << loss_tol);
-  double worst_grad = 0, worst_value = 0;
+  NoiseFloor floor;
+  for (int run = 1; run <= noise_runs; ++run) {
+    const StepResult p = one_step(cpu(), args, DType::kF32, samples, b, t, policy, eos, cpu_f8, uint64_t(run));
+    double worst = 0, sum = 0;
+    for (size_t i = 0; i < c.names.size(); ++i) {
+      const double e = rel_error(p.grads[i], c.grads[i]);
+      worst = std::max(worst, e);
+      sum += e;
+    }
+    floor.worst = std::max(floor.worst, worst);
+    floor.mean = std::max(floor.mean, sum / double(c.names.size()));
+  }
+  const double param_tol = std::max(grad_tol, 1.5 * floor.worst);
+  if (noise_runs > 0)
+    BOOST_TEST_MESSAGE("CPU noise floor under 4-ulp weight perturbations (" << noise_runs << " runs): worst "
+                                                                           << floor.worst << ", mean " << floor.mean);
+  double worst_grad = 0, worst_value = 0, sum_grad = 0;
   for (size_t i = 0; i < c.names.size(); ++i) {
     const double eg = rel_error(g.grads[i], c.grads[i]);
     const double ev = value_excess(g.values[i], c.values[i], g.grads[i], c.grads[i], kLr, OptimizerSection{}.eps);
     worst_grad = std::max(worst_grad, eg);
     worst_value = std::max(worst_value, ev);
-    BOOST_CHECK_MESSAGE(eg <= grad_tol, c.names[i] << " grad rel err " << eg << " > " << grad_tol);
+    sum_grad += eg;
+    BOOST_CHECK_MESSAGE(eg <= param_tol, c.names[i] << " grad rel err " << eg << " > " << param_tol);
     BOOST_CHECK_MESSAGE(ev <= value_tol, c.names[i] << " updated value abs diff beyond the gradients' " << ev << " > "
                                                    << value_tol);
   }
-  BOOST_TEST_MESSAGE("worst gradient rel err " << worst_grad << ", worst updated value abs diff beyond the gradients' "
-                                                << worst_value);
+  const double mean_grad = sum_grad / double(c.names.size());
+  if (noise_runs > 0)
+    BOOST_CHECK_MESSAGE(mean_grad <= 2 * floor.mean,
+                        "mean gradient rel err " << mean_grad << " > 2 x the noise floor's " << floor.mean);
+  BOOST_TEST_MESSAGE("worst gradient rel err " << worst_grad << ", mean " << mean_grad
+                                               << ", worst updated value abs diff beyond the gradients' "
+                                               << worst_value);
 }
 
 ModelArgs debug(const std::string& family) {
@@ -176,7 +235,8 @@ BOOST_AUTO_TEST_CASE(llama3_debug_step_block_causal) {
 }
 
 // Float8: for each recipe, the GPU's emulation in f32 (its casts are the CPU's bit for bit; only
-// GEMM rounding differs, and the rare code it flips) and its FP8 GEMMs in bf16.
+// GEMM rounding differs, and the codes it flips: held to the CPU's noise floor, see the top) and
+// its FP8 GEMMs in bf16.
 BOOST_AUTO_TEST_CASE(llama3_debug_step_float8) {
   for (const char* recipe : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
     BOOST_TEST_MESSAGE("float8 recipe " << recipe);
@@ -186,7 +246,7 @@ BOOST_AUTO_TEST_CASE(llama3_debug_step_float8) {
     emulated.emulate = true;
     Float8Config fp8 = emulated;
     fp8.emulate = false;
-    compare(debug("llama3"), DType::kF32, 1e-3, 2e-2, 0.05 * kLr, {}, false, &emulated, &emulated);
+    compare(debug("llama3"), DType::kF32, 1e-4, 2e-2, 0.05 * kLr, {}, false, &emulated, &emulated, 3);
     compare(debug("llama3"), DType::kBF16, 2e-2, 0.15, 0.05 * kLr, {}, false, &emulated, &fp8);
   }
 }
