@@ -36,7 +36,10 @@
 # Before the window, on any machine (no GPU needed), the CPU reference curves:
 #   OUT=build/gpu-ref DATA=tiny.h5 scripts/gpu-session.sh BUNDLE cpu-refs
 # and carry that folder: with CPU_REF=build/gpu-ref the curves step runs only the GPU side
-# (the CPU runs are the slowest part of the step on the GPU machine's 16 cores).
+# (the CPU runs are the slowest part of the step on the GPU machine's 16 cores). Curves without
+# one (no time to make them: a GPU lent late in a session) have their CPU runs started in the
+# background as `first` begins, on 12 of the machine's cores while the unit and NCCL steps run;
+# the curves step then waits for each (window 2's MoE curve ran out of its 120 s doing both).
 # Step names after the command limit it to those steps (a rerun after a fix). DATA: the
 # equivalence tests' token corpus (build/tests/equivalence/tiny.h5), else made here (perl).
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 on a usage error.
@@ -124,6 +127,42 @@ if [ ! -f "$data" ]; then
     note "WARN  no token corpus (logs/corpus.log): the curves and export steps will fail"
 fi
 
+# Every loss curve of the kit: FN NAME DECK NP [OVERRIDES...] for each.
+curves_each() {
+  "$1" llama3_debug llama3_debug 1
+  "$1" qwen3_debug qwen3_debug 1
+  "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
+    --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
+    --model.n_dense_layers=1
+}
+printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
+chmod +x "$work/mpirun"
+curve_args() {  # the loss_curve.py arguments of curve NAME DECK NP
+  echo --meshtrain "$B/bin/meshtrain" --deck "$root/inputs/$2.toml" --data "$data" --out "$work/curve_$1" \
+    --steps 100 --precision bfloat16 --np "$3" --mpirun "$work/mpirun"
+}
+
+# The CPU reference curves this window did not bring (CPU_REF): started now in the background on
+# the machine's CPU cores, beside the GPU steps that come before the curves (the unit tests use a
+# core or two), each saved as $work/refs/NAME.jsonl; the curves step waits for its own.
+declare -A bg_ref=() bg_t0=()
+if wanted curves; then
+  mkdir -p "$work/refs"
+  bg_ref_curve() {  # bg_ref_curve NAME DECK NP [OVERRIDES...]
+    [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$1.jsonl" ] && return
+    # 4 threads a curve (2 a rank at np 2): 12 of the 16 cores for the three, 4 left to the GPU
+    # steps' processes
+    # shellcheck disable=SC2046
+    OMP_NUM_THREADS=$((4 / $3)) timeout --kill-after=10 $((budget - SECONDS - 30)) python3 "$root/tests/gpu/loss_curve.py" \
+      $(curve_args "$1" "$2" "$3") --write-cpu-metrics "$work/refs/$1.jsonl" -- "${@:4}" > "$logs/ref_$1.log" 2>&1 &
+    bg_ref[$1]=$!
+    bg_t0[$1]=$SECONDS
+  }
+  curves_each bg_ref_curve
+  [ ${#bg_ref[@]} -eq 0 ] || note "CPU reference curves started in the background: ${!bg_ref[*]}"
+fi
+
+
 kernel_tests=(test_cuda_kernels test_cuda_matmul test_cuda_attention test_cuda_doc_attention test_cuda_moe test_cuda_muon
   test_cuda_float8 test_cuda_train_step)
 
@@ -142,26 +181,24 @@ if wanted nccl; then
   run_step test_cuda_comm 90 mpirun -np 2 "$B/bin/test_cuda_comm" --log_level=test_suite --report_level=short
 fi
 
-# Every loss curve of the kit: FN NAME DECK NP [OVERRIDES...] for each.
-curves_each() {
-  "$1" llama3_debug llama3_debug 1
-  "$1" qwen3_debug qwen3_debug 1
-  "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
-    --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
-    --model.n_dense_layers=1
-}
-printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
-chmod +x "$work/mpirun"
-curve_args() {  # the loss_curve.py arguments of curve NAME DECK NP
-  echo --meshtrain "$B/bin/meshtrain" --deck "$root/inputs/$2.toml" --data "$data" --out "$work/curve_$1" \
-    --steps 100 --precision bfloat16 --np "$3" --mpirun "$work/mpirun"
-}
-
 if wanted curves; then
   curve() {  # curve NAME DECK NP [OVERRIDES...]: 100 bf16 steps on the GPU against the CPU
-    local name=$1 ref=()
-    # The CPU curve made before the window (command cpu-refs), when there is one for this curve.
-    [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$name.jsonl" ] && ref=(--cpu-metrics "$CPU_REF/$name.jsonl")
+    local name=$1 ref=() rc
+    # The CPU curve made before the window (command cpu-refs), when there is one for this curve;
+    # else the one started in the background above, once it has ended; else (it failed) the CPU
+    # side runs here, inside the step's limit.
+    if [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$name.jsonl" ]; then
+      ref=(--cpu-metrics "$CPU_REF/$name.jsonl")
+    elif [ -n "${bg_ref[$name]:-}" ]; then
+      wait "${bg_ref[$name]}"
+      rc=$?
+      if [ $rc -eq 0 ] && [ -f "$work/refs/$name.jsonl" ]; then
+        note "      CPU reference $name: made in the background ($((SECONDS - bg_t0[$name])) s after its start)"
+        ref=(--cpu-metrics "$work/refs/$name.jsonl")
+      else
+        note "WARN  CPU reference $name in the background failed (rc=$rc, logs/ref_$name.log): its CPU side runs in the step"
+      fi
+    fi
     # shellcheck disable=SC2046
     run_step "curve_$name" 120 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") "${ref[@]}" \
       -- "${@:4}"
