@@ -14,6 +14,8 @@
 #                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
 #     sanitizer  compute-sanitizer memcheck, only over the kernel test programs that failed
 #                above and only their failed test cases (nothing to do when all passed)
+#   memcheck  (BUDGET_S 290; for the minutes a window has left after first and second)
+#     memcheck   compute-sanitizer memcheck over every kernel test program, whole (100 s each)
 #   second  (BUDGET_S 290, under the 5-minute mark)
 #     export     `meshtrain ckpt export` loaded by transformers (validation/
 #                check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
@@ -48,11 +50,12 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 tarball=${1:-}
 command=${2:-}
-usage() { echo "usage: OUT=DIR [DATA=tiny.h5] [CPU_REF=DIR] $0 BUNDLE.tar.gz first|second|cpu-refs [STEP...]" >&2; exit 2; }
+usage() { echo "usage: OUT=DIR [DATA=tiny.h5] [CPU_REF=DIR] $0 BUNDLE.tar.gz first|second|memcheck|cpu-refs [STEP...]" >&2; exit 2; }
 [ -n "$tarball" ] && [ -f "$tarball" ] || usage
 case "$command" in
   first) all_steps=(env unit nccl curves sanitizer); default_budget=300 ;;
   second) all_steps=(export bench kernels); default_budget=290 ;;
+  memcheck) all_steps=(memcheck); default_budget=290 ;;
   cpu-refs) all_steps=(refs); default_budget=3000 ;;
   *) usage ;;
 esac
@@ -228,6 +231,14 @@ if wanted sanitizer; then
     ran=1
   done
   [ $ran -eq 1 ] || note "SKIP  sanitizer  (no kernel test failed)"
+fi
+
+if wanted memcheck; then
+  # compute-sanitizer memcheck over every kernel test program, whole, the kernels' own programs
+  # first (the training step launches the most kernels, so it comes last).
+  for t in "${kernel_tests[@]}"; do
+    run_step "memcheck_$t" 100 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/bin/$t" --report_level=short
+  done
 fi
 
 if wanted export; then
