@@ -11,7 +11,8 @@
 #                training step against the CPU backend)
 #     nccl       the single-rank NCCL mesh smoke, then test_cuda_comm (2 ranks sharing the GPU)
 #     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
-#                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks)
+#                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks),
+#                Float8 tensorwise at FSDP 2 with the FP8 all-gather (FP8 GEMMs on the GPU)
 #     sanitizer  compute-sanitizer memcheck, only over the kernel test programs that failed
 #                above and only their failed test cases (nothing to do when all passed)
 #   memcheck  (BUDGET_S 290; for the minutes a window has left after first and second)
@@ -40,7 +41,7 @@
 # and carry that folder: with CPU_REF=build/gpu-ref the curves step runs only the GPU side
 # (the CPU runs are the slowest part of the step on the GPU machine's 16 cores). Curves without
 # one (no time to make them: a GPU lent late in a session) have their CPU runs started in the
-# background as `first` begins, on 12 of the machine's cores while the unit and NCCL steps run;
+# background as `first` begins, on 10 of the machine's cores while the unit and NCCL steps run;
 # the curves step then waits for each (window 2's MoE curve ran out of its 120 s doing both).
 # Step names after the command limit it to those steps (a rerun after a fix). DATA: the
 # equivalence tests' token corpus (build/tests/equivalence/tiny.h5), else made here (perl).
@@ -137,6 +138,15 @@ curves_each() {
   "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
     --model.n_dense_layers=1
+  # Float8 (tensorwise, the default recipe) at FSDP 2 with the FP8 all-gather: cuBLASLt's FP8 GEMMs and the e4m3
+  # gather on the GPU against the CPU's emulation, under TorchTitan's debug-preset schedule (lr
+  # 8e-4, 2 warm-up steps, linear decay; at the deck's lr 3e-3 float32 itself spikes at step 31).
+  "$1" llama3_debug_float8_fsdp2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
+    --model.converters=float8 \
+    --quantize.linear.float8.filter_fqns=output cpu:--quantize.linear.float8.emulate=true \
+    cuda:--quantize.linear.float8.emulate=false --quantize.linear.float8.enable_fsdp_float8_all_gather=true \
+    --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp=true \
+    --optimizer.lr=8e-4 --lr_scheduler.warmup_steps=2 --lr_scheduler.decay_type=linear --lr_scheduler.min_lr_factor=0.0
 }
 printf '#!/usr/bin/env bash\nexec mpirun "$@"\n' > "$work/mpirun"
 chmod +x "$work/mpirun"
@@ -153,10 +163,10 @@ if wanted curves; then
   mkdir -p "$work/refs"
   bg_ref_curve() {  # bg_ref_curve NAME DECK NP [OVERRIDES...]
     [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$1.jsonl" ] && return
-    # 4 threads a curve (2 a rank at np 2): 12 of the 16 cores for the three, 4 left to the GPU
-    # steps' processes
+    # 3 threads a curve of one rank, 1 a rank at np 2: 10 of the 16 cores for the four, 6 left to
+    # the GPU steps' processes
     # shellcheck disable=SC2046
-    OMP_NUM_THREADS=$((4 / $3)) timeout --kill-after=10 $((budget - SECONDS - 30)) python3 "$root/tests/gpu/loss_curve.py" \
+    OMP_NUM_THREADS=$(($3 == 1 ? 3 : 1)) timeout --kill-after=10 $((budget - SECONDS - 30)) python3 "$root/tests/gpu/loss_curve.py" \
       $(curve_args "$1" "$2" "$3") --write-cpu-metrics "$work/refs/$1.jsonl" -- "${@:4}" > "$logs/ref_$1.log" 2>&1 &
     bg_ref[$1]=$!
     bg_t0[$1]=$SECONDS

@@ -7,6 +7,10 @@ CUDA backend or no GPU is visible, which it learns from meshtrain itself (a 1-st
 Usage: loss_curve.py --meshtrain BIN --deck DECK --data TOKENS.h5 --out DIR [--steps 200]
        [--precision bfloat16|float32] [--tol 0.02] [--np N --mpirun MPIRUN]
        [--cpu-metrics METRICS.jsonl | --write-cpu-metrics METRICS.jsonl] [-- extra overrides]
+An extra override written `cuda:--KEY=VALUE` goes to the GPU runs only, one written
+`cpu:--KEY=VALUE` to the CPU run only (e.g. `cpu:--quantize.linear.float8.emulate=true
+cuda:--quantize.linear.float8.emulate=false`: FP8 GEMMs on the GPU against the CPU's emulation,
+the only Float8 mode the CPU device has; a key may be given once per run).
 With --np N both runs use N ranks under mpirun (on one GPU the ranks share it and collectives
 go through host-staged MPI), so FSDP and TP run their GPU code paths.
 --cpu-metrics takes the CPU curve from an earlier run of the same deck, data, steps and
@@ -30,8 +34,23 @@ def say(msg):
     print(msg, flush=True)
 
 
+def device_overrides(extra, device):
+    """The overrides of `extra` for a run on `device`: the unprefixed ones and those prefixed
+    `device:` (prefix removed); those prefixed with another device's name are left out."""
+    out = []
+    for x in extra:
+        prefix, sep, rest = x.partition(":")
+        if sep and prefix in ("cpu", "cuda") and rest.startswith("--"):
+            if prefix == device:
+                out.append(rest)
+        else:
+            out.append(x)
+    return out
+
+
 def run(a, out, device, precision, steps):
-    bin_, deck, data, extra = a.meshtrain, a.deck, a.data, a.extra
+    bin_, deck, data = a.meshtrain, a.deck, a.data
+    extra = device_overrides(a.extra, device)
     shutil.rmtree(out, ignore_errors=True)
     launch = [a.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(a.np)] if a.np > 1 else []
     cmd = launch + [bin_, "train", "--deck", deck, f"--training.dataset={data}", f"--job.dump_folder={out}",
