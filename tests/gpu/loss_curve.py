@@ -105,7 +105,8 @@ def main():
     if probe.returncode != 0:
         msg = probe.stderr + probe.stdout
         if "built without CUDA" in msg or "no GPU is visible" in msg:
-            print("SKIPPED: " + msg.strip().splitlines()[-1])
+            why = [l for l in msg.splitlines() if "built without CUDA" in l or "no GPU is visible" in l]
+            print("SKIPPED: " + why[0].strip())
             return SKIP
         print(msg)
         print("FAIL: the 1-step GPU probe run failed")
