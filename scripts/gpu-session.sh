@@ -221,8 +221,11 @@ fi
 
 if wanted refs; then
   ref_curve() {  # ref_curve NAME DECK NP [OVERRIDES...]: the CPU curve only, saved as OUT/NAME.jsonl
+    # the machine's cores shared by the curve's ranks (every rank taking them all oversubscribes
+    # the cores: the Float8 curve at np 2 took 318 s on this VM's 2 cores so, 162 s at 1 thread a rank)
+    local threads=$(($(nproc) / $3))
     # shellcheck disable=SC2046
-    run_step "ref_$1" 900 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} run_step "ref_$1" 900 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
       --write-cpu-metrics "$out/$1.jsonl" -- "${@:4}"
   }
   curves_each ref_curve
