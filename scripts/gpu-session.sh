@@ -138,9 +138,10 @@ curves_each() {
   "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
     --model.n_dense_layers=1
-  # Float8 (tensorwise, the default recipe) at FSDP 2 with the FP8 all-gather: cuBLASLt's FP8 GEMMs and the e4m3
-  # gather on the GPU against the CPU's emulation, under TorchTitan's debug-preset schedule (lr
-  # 8e-4, 2 warm-up steps, linear decay; at the deck's lr 3e-3 float32 itself spikes at step 31).
+  # Float8 (tensorwise, the default recipe) at FSDP 2 with the FP8 all-gather: cuBLASLt's FP8
+  # GEMMs and the e4m3 gather on the GPU against the CPU's emulation, under TorchTitan's
+  # debug-preset schedule (lr 8e-4, 2 warm-up steps, linear decay; at the deck's lr 3e-3 float32
+  # itself spikes at step 31).
   "$1" llama3_debug_float8_fsdp2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --model.converters=float8 \
     --quantize.linear.float8.filter_fqns=output cpu:--quantize.linear.float8.emulate=true \
@@ -166,8 +167,9 @@ if wanted curves; then
     # 3 threads a curve of one rank, 1 a rank at np 2: 10 of the 16 cores for the four, 6 left to
     # the GPU steps' processes
     # shellcheck disable=SC2046
-    OMP_NUM_THREADS=$(($3 == 1 ? 3 : 1)) timeout --kill-after=10 $((budget - SECONDS - 30)) python3 "$root/tests/gpu/loss_curve.py" \
-      $(curve_args "$1" "$2" "$3") --write-cpu-metrics "$work/refs/$1.jsonl" -- "${@:4}" > "$logs/ref_$1.log" 2>&1 &
+    OMP_NUM_THREADS=$(($3 == 1 ? 3 : 1)) timeout --kill-after=10 $((budget - SECONDS - 30)) \
+      python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
+      --write-cpu-metrics "$work/refs/$1.jsonl" -- "${@:4}" > "$logs/ref_$1.log" 2>&1 &
     bg_ref[$1]=$!
     bg_t0[$1]=$SECONDS
   }
@@ -221,11 +223,12 @@ fi
 
 if wanted refs; then
   ref_curve() {  # ref_curve NAME DECK NP [OVERRIDES...]: the CPU curve only, saved as OUT/NAME.jsonl
-    # the machine's cores shared by the curve's ranks (every rank taking them all oversubscribes
-    # the cores: the Float8 curve at np 2 took 318 s on this VM's 2 cores so, 162 s at 1 thread a rank)
+    # The machine's cores shared by the curve's ranks (every rank taking them all oversubscribes
+    # them: the Float8 curve at np 2 took 318 s so on a 2-core VM, 162 s at 1 thread a rank).
     local threads=$(($(nproc) / $3))
     # shellcheck disable=SC2046
-    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} run_step "ref_$1" 900 python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))} run_step "ref_$1" 900 \
+      python3 "$root/tests/gpu/loss_curve.py" $(curve_args "$1" "$2" "$3") \
       --write-cpu-metrics "$out/$1.jsonl" -- "${@:4}"
   }
   curves_each ref_curve

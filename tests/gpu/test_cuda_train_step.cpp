@@ -129,9 +129,9 @@ double value_excess(const std::vector<float>& a, const std::vector<float>& b, co
 /// Token 2 closes the documents of compare(…, documents = true): ids elsewhere avoid it.
 constexpr int32_t kEos = 2;
 
-/// The largest (over `runs` perturbed CPU runs) worst and mean per-parameter gradient error
-/// against the unperturbed run `c`: how far the step's gradients move under fp32-sized input
-/// differences alone.
+/// How far the step's gradients move under fp32-sized input differences alone: the worst and
+/// the mean per-parameter gradient error (rel_error) of CPU runs with perturbed weights
+/// (perturb_weights) against the unperturbed one, each the largest over the perturbed runs.
 struct NoiseFloor {
   double worst = 0, mean = 0;
 };
