@@ -227,7 +227,7 @@ def failure(a, cl, st, how):
     ok = result == "COMPLETED" and restarts == "0" and f"node failure: lost {node}" in text
     ok &= "resumed from" in text and "step-00000010.h5" in text
     if how == "link_cut":
-        named = re.search(rf"watchdog: \S+ on dimension '\w+' group \d+ .* did not complete within {TIMEOUT_S} s", text) is not None
+        named = re.search(rf"watchdog: .+? on dimension '\w+' group \d+ .* did not complete within {TIMEOUT_S} s", text) is not None
         print(f"ranks stopped within the deadline naming the group: {named}; meshtrain processes left on {node}: "
               f"{leftover if leftover is not None else 'not checked'}")
         ok &= named and leftover == []

@@ -14,7 +14,7 @@ timeout 60 mpirun --allow-run-as-root --oversubscribe --quiet -np 2 "$probe" >"$
 rc=$?
 took=$(( $(date +%s) - start ))
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$took" -le 15 ] &&
-   grep -q "watchdog: all_reduce (host scalars) on dimension 'world'" "$work/probe.out"; then
+   grep -q "watchdog: all_reduce (host scalars) on dimension 'world' group 0 " "$work/probe.out"; then
   report ok "missed deadline aborts the job (rc $rc after ${took} s): $(grep watchdog "$work/probe.out" | head -1)"
 else
   report fail "missed deadline: rc $rc after ${took} s"; sed 's/^/    /' "$work/probe.out"

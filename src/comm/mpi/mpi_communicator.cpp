@@ -437,7 +437,9 @@ void MpiCommunicator::all_reduce_host(double* values, int n, ReduceOp op) {
 }
 
 std::string MpiCommunicator::describe() const {
-  return "dimension '" + name_ + "'" + (group_ >= 0 ? " group " + std::to_string(group_) : std::string()) + " (" +
+  // An unsplit communicator (world) is the one group of its dimension: group 0, so that every
+  // watchdog line names a group in the same format.
+  return "dimension '" + name_ + "' group " + std::to_string(group_ >= 0 ? group_ : 0) + " (" +
          std::to_string(size_) + " ranks, this rank " + std::to_string(rank_) + ")";
 }
 

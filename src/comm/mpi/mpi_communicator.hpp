@@ -80,7 +80,8 @@ class MpiCommunicator final : public Communicator {
   /// Deadline of every collective issued from now on (seconds; <= 0 waits forever). When one
   /// passes, the rank prints the collective and group and aborts the whole job (exit 3).
   void set_timeout(double seconds) { timeout_s_ = seconds; }
-  /// "dimension 'dp_replicate' group 3 (4 ranks, this rank 1)", used in watchdog messages.
+  /// "dimension 'dp_replicate' group 3 (4 ranks, this rank 1)", used in watchdog messages; an
+  /// unsplit communicator is group 0 of its dimension ("dimension 'world' group 0 (...)").
   std::string describe() const;
 
  private:
