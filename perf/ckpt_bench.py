@@ -38,9 +38,18 @@ posix_fadvise(POSIX_FADV_DONTNEED) (no privileges needed; the files are synced, 
 clean), so both read from the disk — a restart on a new allocation does too. --cached keeps the
 pages (memory-speed reads for both).
 
+On a virtual machine whose kernel reports free pages to the hypervisor (virtio-balloon free page
+reporting), memory freed by one run is handed back within moments and the next touch of it costs a
+host fault: 3.2-3.6 s per GiB against 0.47 s here. A load needs fresh memory (its tensors and the
+page cache of its reads) where dd reuses a 4 MiB buffer, so such a VM adds to the load alone a
+cost no restart on a real node pays, and one that swings with what ran just before. The state is
+printed at the start; --hold-page-reporting (root) holds the reporting off for the run and touches
+--warm-mib of memory once (perf/page_reporting.py), and restores the setting afterwards.
+
 usage: /usr/bin/python3 perf/ckpt_bench.py [--ranks 1 2 4] [--dim 512] [--layers 8] [--vocab 8192]
            [--repeat 3] [--cached] [--dir DIR] [--data H5] [--out DIR] [--json PATH] [--binary build/bin/meshtrain]
        /usr/bin/python3 perf/ckpt_bench.py --elastic [--ranks 1 2 4] ...
+       /usr/bin/python3 perf/ckpt_bench.py --hold-page-reporting [--warm-mib 4096] ...  (root; see below)
        /usr/bin/python3 perf/ckpt_bench.py --async-cost [--steps 12] [--interval 1] [--seq-len 32] [--ranks ...] ...
 """
 import argparse
@@ -54,6 +63,7 @@ import time
 sys.dont_write_bytecode = True  # no perf/__pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from comm_volume import ROOT, add_run_arguments, ensure_data, write_result  # noqa: E402
+import page_reporting  # noqa: E402
 
 
 def run_train(args, data, folder, n, steps, extra=(), global_batch=None):
@@ -175,6 +185,10 @@ def main():
     p.add_argument("--elastic", action="store_true", help="load on the next rank count of --ranks than the one that saved")
     p.add_argument("--steps", type=int, default=12, help="--async-cost: steps per run")
     p.add_argument("--interval", type=int, default=1, help="--async-cost: steps between saves")
+    p.add_argument("--hold-page-reporting", action="store_true",
+                   help="root, VMs with free page reporting: hold it off for the run (perf/page_reporting.py)")
+    p.add_argument("--warm-mib", type=int, default=4096,
+                   help="--hold-page-reporting: MiB of memory touched once before the runs")
     add_run_arguments(p, "ckpt_bench")
     args = p.parse_args()
     if args.async_cost and args.json == os.path.join(ROOT, "perf/out", "ckpt_bench.json"):
@@ -183,6 +197,25 @@ def main():
     data = ensure_data(args.data, args.out, args.binary)
     base = args.dir or os.path.join(args.out, "runs")
     os.makedirs(base, exist_ok=True)
+    reporting = page_reporting.state()
+    if reporting is None:
+        print("free page reporting: not in this kernel (freed memory stays with this machine)", flush=True)
+    else:
+        print(f"free page reporting: on (order {reporting['order']}; {reporting['reported_kib'] / 2**20:.0f} GiB handed "
+              f"to the hypervisor since boot) — a run needing fresh memory pays for it"
+              f"{'; held off for this run' if args.hold_page_reporting else ' (--hold-page-reporting holds it off)'}",
+              flush=True)
+    if not args.hold_page_reporting:
+        return measure(args, data, base, {"page_reporting": reporting, "page_reporting_held": False})
+    with page_reporting.hold(warm_bytes=args.warm_mib << 20) as held:
+        print(f"  held at order {held['order_held']}; {args.warm_mib} MiB touched once in {held['warm_s']:.1f} s",
+              flush=True)
+        return measure(args, data, base, {"page_reporting": reporting, "page_reporting_held": True, **held})
+
+
+def measure(args, data, base, environment):
+    """The runs of the save/load comparison (or --async-cost); writes args.json with
+    `environment` (the free page reporting state) among its fields."""
     if args.async_cost:
         return async_cost(args, data, base)
     rows = []
@@ -233,7 +266,7 @@ def main():
               f"(spread {max(dd_rs) / min(dd_rs):.1f}x, load {row['load_vs_dd_fresh_file']:.2f}x of it)\n"
               f"  load / dd of the checkpoint read just before it, per run: "
               f"{' '.join(f'{x:.2f}' for x in paired)} (median {row['load_vs_dd_paired_median']:.2f}x)", flush=True)
-    write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base,
+    write_result(args.json, {"dim": args.dim, "layers": args.layers, "vocab": args.vocab, "dir": base, **environment,
                              "elastic": args.elastic, "rows": rows})
 
 
