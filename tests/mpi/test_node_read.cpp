@@ -4,7 +4,10 @@
 // reading thread runs on from each window into the next one planned ahead — with pieces from one
 // byte to hundreds of KiB, pieces shared by several ranks, pieces crossing window edges, and a
 // rank that wants nothing. The reading rank's observer sees every byte it read once, in file
-// order, as the file holds it. A file that cannot be opened is reported on the reading rank.
+// order, as the file holds it. Both transfers: mapped (every rank copies its bytes out of its own
+// mapping of the file) and sent (the reader reads them into its ring and sends them). A file that
+// cannot be opened, or ends before the size the caller gave, is reported on the reading rank, and
+// the other ranks get zeros where the bytes could not be read, not a crash.
 #include <boost/test/unit_test.hpp>
 
 #include <mpi.h>
@@ -82,7 +85,7 @@ std::vector<std::pair<uint64_t, uint64_t>> wanted(int rank, bool idle_rank2) {
   return out;
 }
 
-void read_and_check(uint64_t window, bool idle_rank2) {
+void read_and_check(uint64_t window, bool idle_rank2, NodeReader::Transfer transfer) {
   const int rank = rank_of_world();
   const std::string path = shared_file();
   const auto ranges = wanted(rank, idle_rank2);
@@ -91,7 +94,7 @@ void read_and_check(uint64_t window, bool idle_rank2) {
   std::vector<char> dst(total + 1, '\x7f');
   std::vector<FileExtent> extents;
   for (uint64_t at = 0; const auto& [o, n] : ranges) extents.push_back({o, n, dst.data() + at}), at += n;
-  NodeReader reader(MPI_COMM_WORLD, window);
+  NodeReader reader(MPI_COMM_WORLD, window, transfer);
   uint64_t seen_end = 0, seen_bytes = 0;
   bool in_order = true, as_in_file = true;
   const uint64_t disk = reader.read(path, kFileBytes, extents, [&](uint64_t off, const char* data, uint64_t n) {
@@ -117,20 +120,59 @@ void read_and_check(uint64_t window, bool idle_rank2) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(one_window) { read_and_check(NodeReader::kDefaultWindow, false); }
-BOOST_AUTO_TEST_CASE(a_few_windows) { read_and_check(uint64_t(1) << 20, false); }
-BOOST_AUTO_TEST_CASE(hundreds_of_odd_windows) { read_and_check(12347, false); }
-BOOST_AUTO_TEST_CASE(a_rank_wanting_nothing) { read_and_check(65536 + 7, true); }
+constexpr auto kMapped = NodeReader::Transfer::kMapped;
+constexpr auto kSent = NodeReader::Transfer::kSent;
+
+BOOST_AUTO_TEST_CASE(one_window) { read_and_check(NodeReader::kDefaultWindow, false, kMapped); }
+BOOST_AUTO_TEST_CASE(a_few_windows) { read_and_check(uint64_t(1) << 20, false, kMapped); }
+BOOST_AUTO_TEST_CASE(hundreds_of_odd_windows) { read_and_check(12347, false, kMapped); }
+BOOST_AUTO_TEST_CASE(a_rank_wanting_nothing) { read_and_check(65536 + 7, true, kMapped); }
+BOOST_AUTO_TEST_CASE(sent_one_window) { read_and_check(NodeReader::kDefaultWindow, false, kSent); }
+BOOST_AUTO_TEST_CASE(sent_a_few_windows) { read_and_check(uint64_t(1) << 20, false, kSent); }
+BOOST_AUTO_TEST_CASE(sent_hundreds_of_odd_windows) { read_and_check(12347, false, kSent); }
+BOOST_AUTO_TEST_CASE(sent_a_rank_wanting_nothing) { read_and_check(65536 + 7, true, kSent); }
 
 BOOST_AUTO_TEST_CASE(missing_file_reported_on_the_reader) {
-  std::vector<char> dst(64);
-  NodeReader reader(MPI_COMM_WORLD, 4096);
-  const std::vector<FileExtent> extents{{100, 64, dst.data()}};
-  const std::string path = "/nonexistent/meshtrain_test_node_read.bin";
-  if (reader.reader()) {
-    BOOST_CHECK_EXCEPTION(reader.read(path, 10000, extents), CheckpointError,
-                          [&](const CheckpointError& e) { return std::string(e.what()).find(path) != std::string::npos; });
-  } else {
-    BOOST_CHECK_NO_THROW(reader.read(path, 10000, extents));
+  for (const auto transfer : {kMapped, kSent}) {
+    std::vector<char> dst(64);
+    NodeReader reader(MPI_COMM_WORLD, 4096, transfer);
+    const std::vector<FileExtent> extents{{100, 64, dst.data()}};
+    const std::string path = "/nonexistent/meshtrain_test_node_read.bin";
+    if (reader.reader()) {
+      BOOST_CHECK_EXCEPTION(reader.read(path, 10000, extents), CheckpointError,
+                            [&](const CheckpointError& e) { return std::string(e.what()).find(path) != std::string::npos; });
+    } else {
+      BOOST_CHECK_NO_THROW(reader.read(path, 10000, extents));
+    }
   }
+}
+
+// The caller's size says the file goes on 40,000 bytes past its end (a file that shrank): the
+// reader reports the short file by name; every rank's bytes before the end land, the wanted bytes
+// past it are zeros, and no rank touches a page past the end (SIGBUS in the mapped transfer).
+BOOST_AUTO_TEST_CASE(file_shorter_than_its_size_reported_on_the_reader) {
+  const std::string path = shared_file();
+  const int rank = rank_of_world();
+  for (const auto transfer : {kMapped, kSent}) {
+    // Each rank: 1,000 bytes well before the end, and 500 bytes past it (+ 8,192 + 1,000 rank).
+    std::vector<char> dst(1500, '\x7f');
+    const uint64_t before = 4096 * uint64_t(rank + 1), past = kFileBytes + 8192 + 1000 * uint64_t(rank);
+    const std::vector<FileExtent> extents{{before, 1000, dst.data()}, {past, 500, dst.data() + 1000}};
+    NodeReader reader(MPI_COMM_WORLD, 1 << 20, transfer);
+    if (reader.reader()) {
+      BOOST_CHECK_EXCEPTION(reader.read(path, kFileBytes + 40000, extents), CheckpointError, [&](const CheckpointError& e) {
+        return std::string(e.what()).find(path) != std::string::npos &&
+               std::string(e.what()).find("end of file") != std::string::npos;
+      });
+    } else {
+      BOOST_CHECK_NO_THROW(reader.read(path, kFileBytes + 40000, extents));
+      bool landed = true, zeros = true;
+      for (uint64_t i = 0; i < 1000; ++i) landed &= dst[i] == byte_at(before + i);
+      for (uint64_t i = 1000; i < 1500; ++i) zeros &= dst[i] == 0;
+      BOOST_TEST(landed);
+      BOOST_TEST(zeros);
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(std::filesystem::path(path).parent_path());
 }
