@@ -18,6 +18,7 @@ import contextlib
 import mmap
 import os
 import signal
+import time
 
 PARAMS = "/sys/module/page_reporting/parameters"
 
@@ -44,7 +45,6 @@ def _set_order(value):
 def warm(nbytes):
     """Writes one byte per page of `nbytes` of fresh anonymous memory, then frees it. Returns the
     seconds it took (a measure of how much of it had to be backed by the host)."""
-    import time
     t0 = time.perf_counter()
     m = mmap.mmap(-1, nbytes)
     page = mmap.PAGESIZE

@@ -22,8 +22,9 @@
 ///    offset order (a piece of 64 KiB or more in a message of its own, received straight into
 ///    its destination; the smaller ones of a request packed into one message).
 /// Measured on a 2-core VM with a 428 MB checkpoint at 1-4 ranks (doc/performance.md, perf/
-/// ckpt_bench): the mapped transfer loads at 0.99-1.08x dd, the sent one at 0.89-0.96x, since
-/// the sent one copies the other ranks' bytes twice (page cache to ring, ring to destination).
+/// ckpt_bench, paired medians): the mapped transfer loads at 0.95-1.09x dd, the sent one at
+/// 0.87-0.96x, since the sent one copies the other ranks' bytes twice (page cache to ring, ring to
+/// destination).
 ///
 /// In both, another thread of the reading rank maps the destination pages ahead of the copies,
 /// and each receiving rank maps its own, so no copy stops at first-touch page faults. The work
