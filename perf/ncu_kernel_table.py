@@ -9,14 +9,18 @@ kernel's own time on an otherwise idle GPU; launch gaps and overlap are not in i
 
 usage: ncu_kernel_table.py --csv NCU.csv [--last-step | --skip-launches N] [--top 25] [--json OUT.json]
   NCU.csv:  the output of
-            ncu --csv --print-units base --clock-control none --print-kernel-base function \
+            ncu --csv --print-units base --clock-control none --print-kernel-base demangled \
                 --metrics gpu__time_duration.sum meshtrain train ...
+            (--print-kernel-base function works too, without the split below)
   --last-step: keep only the last whole training step. A step ends with the optimizer's
             launches (kernels named adamw*); the launches after the second-to-last such group
             up to the end of the last one form the last step (needs a run of >= 2 steps).
   --skip-launches N: leave out the first N kernel launches (initialization, the first step).
 Prints one line per kernel name (launches, total ms, share of the total, mean µs), largest
-first, and writes the same as JSON.
+first, and writes the same as JSON. A kernel is named by its function's base name (template
+instances merged); meshtrain's generic element-wise kernel (flat_kernel, which runs casts,
+scales, adds, fills, SwiGLU and AdamW) is split by the operation it ran, read from a demangled
+name's template arguments: "flat_kernel (ScaleOp)".
 """
 import argparse
 import collections
@@ -25,6 +29,7 @@ import glob
 import io
 import json
 import os
+import re
 import sys
 
 
@@ -41,6 +46,36 @@ def read_rows(path):
     if start < 0:
         sys.exit(f"{path}: no ncu CSV header (\"ID\", ...) found: was ncu run with --csv?")
     return list(csv.DictReader(io.StringIO(text[start:])))
+
+
+# Kernels whose template arguments say what they computed: split by their operation type.
+GENERIC_KERNELS = {"flat_kernel"}
+
+
+def kernel_label(name):
+    """The table's name for a kernel name as ncu prints it (function base name or demangled).
+
+    "void meshtrain::cuda::flat_kernel<4, meshtrain::(anonymous namespace)::ScaleOp<float>>(long, ...)"
+    gives "flat_kernel (ScaleOp)"; other demangled names their base name ("attn_fwd_tc"); a
+    name without template or parameter list (cuBLAS's nvjet_*, ncu's function base) itself.
+    """
+    text = name.strip().replace("(anonymous namespace)", "{anonymous}")  # no parenthesis to cut at
+    if text.startswith("void "):
+        text = text[5:]
+    cut = min([i for i in (text.find("<"), text.find("(")) if i >= 0], default=len(text))
+    base = text[:cut].split("::")[-1].strip() or text
+    if base not in GENERIC_KERNELS or not text[cut:].startswith("<"):
+        return base
+    depth, end = 0, cut
+    for end in range(cut, len(text)):
+        depth += {"<": 1, ">": -1}.get(text[end], 0)
+        if depth == 0:
+            break
+    args = text[cut + 1:end]
+    # The operation is the last template argument: a (possibly namespaced, templated) type.
+    op = re.split(r",\s*(?![^<]*>)", args)[-1]
+    op = op.split("<")[0].split("::")[-1].strip()
+    return f"{base} ({op})" if op and not op.isdigit() else base
 
 
 def main():
@@ -75,7 +110,7 @@ def main():
         unit = r.get("Metric Unit", "ns")
         scale = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}.get(unit, 1.0)
         v = float(r["Metric Value"].replace(",", "")) * scale
-        name = r["Kernel Name"]
+        name = kernel_label(r["Kernel Name"])
         total[name] += v
         count[name] += 1
     grand = sum(total.values())

@@ -279,7 +279,7 @@ if wanted kernels; then
     note "SKIP  kernels  (needs ncu and the bench step's deck, $bench_deck)"
   else
     run_step kernels 150 bash -c '"$1" --csv --print-units base --clock-control none --cache-control none \
-      --print-kernel-base function --target-processes all --nvtx --nvtx-include "step 3/" \
+      --print-kernel-base demangled --target-processes all --nvtx --nvtx-include "step 3/" \
       --metrics gpu__time_duration.sum --log-file "$2/ncu.csv" \
       meshtrain train --deck "$3" --training.local_batch_size=4 --training.global_batch_size=4 --training.steps=3 \
       --job.dump_folder="$2/ncu_dump" --job.final_dump=false &&

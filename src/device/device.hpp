@@ -18,16 +18,24 @@ namespace meshtrain {
 
 /// Hyper-parameters of one AdamW update (Loshchilov & Hutter 2019, Algorithm 2, as in
 /// torch.optim.AdamW): p -= lr·wd·p; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²;
-/// p -= (lr / (1−β1^t)) · m / (sqrt(v / (1−β2^t)) + eps).
+/// p -= (lr / (1−β1^t)) · m / (sqrt(v / (1−β2^t)) + eps), with g = grad_scale · gradient.
 struct AdamWParams {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
   int64_t step = 1;  ///< t, counting from 1
+  /// Multiplies every gradient element as it is read (global-norm clipping's coefficient,
+  /// clip_coefficient in optim/adamw.hpp); the gradient tensors are not written. g · 1 = g, so
+  /// 1 changes nothing, and any scale gives the bits of scaling the gradients first.
+  float grad_scale = 1.0f;
 };
 
 /// One tensor of a multi-tensor AdamW step: flat f32 views of equal numel and its weight decay.
+/// `compute`, when defined, is a bf16 [n] tensor that receives the updated param rounded to
+/// nearest even, as cast(compute, param) after the step would write it: the mixed-precision
+/// compute copy comes out of the optimizer's pass instead of a separate cast pass.
 struct AdamWSegment {
   Tensor param, grad, exp_avg, exp_avg_sq;
   float weight_decay = 0;
+  Tensor compute;
 };
 
 /// The mask of one attention block (Device::attention_block_forward): kNone, every query sees
@@ -310,8 +318,10 @@ class Device {
   virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                      const AdamWParams& p) = 0;
   /// adamw() on every segment (its own weight decay; p.weight_decay is not used), as one
-  /// multi-tensor launch per batch of segments on CUDA. Same arithmetic as adamw() per element.
-  /// @throws std::invalid_argument as adamw().
+  /// multi-tensor launch per batch of segments on CUDA. Same arithmetic as adamw() per element;
+  /// a segment's `compute` copy, when defined, is written in the same pass (CUDA) or by cast()
+  /// right after (the default). @throws std::invalid_argument as adamw(), and when a compute copy
+  /// is not bf16 of the param's numel.
   virtual void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p);
   /// Σ x² in fp64 (for the global gradient norm).
   virtual double sum_squares(const Tensor& x) = 0;

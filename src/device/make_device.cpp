@@ -30,7 +30,12 @@ void Device::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWP
   AdamWParams q = p;
   for (const AdamWSegment& s : segments) {
     q.weight_decay = s.weight_decay;
+    if (s.compute.defined() && (s.compute.dtype() != DType::kBF16 || s.compute.numel() != s.param.numel()))
+      throw std::invalid_argument(std::string("adamw_multi: a compute copy must be bfloat16 of the param's ") +
+                                  std::to_string(s.param.numel()) + " elements, got " + dtype_name(s.compute.dtype()) +
+                                  " of " + std::to_string(s.compute.numel()));
     adamw(s.param, s.grad, s.exp_avg, s.exp_avg_sq, q);
+    if (s.compute.defined()) cast(s.compute, s.param);
   }
 }
 

@@ -134,6 +134,11 @@ void Transformer::params_changed(const std::vector<Parameter*>& ps) {
 
 void Transformer::params_changed() { std::fill(stale_.begin(), stale_.end(), 1); }
 
+Tensor Transformer::held_compute_copy(const Parameter& p) const {
+  if (!flat_compute_.defined() || !p.compute.defined()) return Tensor();
+  return p.compute.reshape({p.compute.numel()});
+}
+
 void Transformer::compute_written(const std::vector<Parameter*>& ps) {
   for (Parameter* p : ps) stale_[index_of(p)] = 0;
 }

@@ -135,6 +135,11 @@ class Transformer {
   /// Unbinds the compute copies of `ps` (FSDP after resharding); a per-unit buffer is freed
   /// once none of its parameters is bound. No-op when the model holds a flat compute buffer.
   void release_compute(const std::vector<Parameter*>& ps);
+  /// p's compute copy as a flat bf16 [numel] view when this model holds the flat compute buffer
+  /// (mixed precision with replicated parameters: the copy stays bound for the model's life);
+  /// an undefined tensor otherwise (float32, or FSDP's per-unit copies). The optimizer may write
+  /// it (Optimizer::write_compute_copies); compute_written then marks it current. Throws nothing.
+  Tensor held_compute_copy(const Parameter& p) const;
 
  private:
   ModelArgs args_;

@@ -1,6 +1,9 @@
 #include "optim/adamw.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace meshtrain {
 
@@ -31,10 +34,25 @@ std::vector<Tensor> AdamW::state_of(size_t shard) const {
   return {m_.view({n}, offsets_.at(shard)), v_.view({n}, offsets_.at(shard))};
 }
 
-void AdamW::step(float lr) {
+bool AdamW::write_compute_copies(const std::vector<Tensor>& copies) {
+  if (copies.size() != shards_.size())
+    throw std::invalid_argument("AdamW::write_compute_copies: " + std::to_string(copies.size()) + " copies for " +
+                                std::to_string(shards_.size()) + " shards");
+  for (size_t i = 0; i < copies.size(); ++i)
+    if (copies[i].defined() &&
+        (copies[i].dtype() != DType::kBF16 || copies[i].numel() != shards_[i].value.numel()))
+      throw std::invalid_argument("AdamW::write_compute_copies: the copy of shard " + std::to_string(i) + " (" +
+                                  shards_[i].param->name + ") must be bfloat16 of " +
+                                  std::to_string(shards_[i].value.numel()) + " elements");
+  compute_ = copies;
+  return true;
+}
+
+void AdamW::step(float lr, float grad_scale) {
   ++t_;
   AdamWParams p;
   p.lr = lr;
+  p.grad_scale = grad_scale;
   p.beta1 = float(cfg_.beta1);
   p.beta2 = float(cfg_.beta2);
   p.eps = float(cfg_.eps);
@@ -45,7 +63,8 @@ void AdamW::step(float lr) {
     const int64_t n = s.value.numel();
     if (n == 0) continue;  // a tensor with fewer rows than the shard group
     const float wd = (s.param->weight_decay || cfg_.decay_embeddings_and_norms) ? float(cfg_.weight_decay) : 0.0f;
-    segments.push_back({s.value, s.grad, m_.view({n}, offsets_[i]), v_.view({n}, offsets_[i]), wd});
+    segments.push_back({s.value, s.grad, m_.view({n}, offsets_[i]), v_.view({n}, offsets_[i]), wd,
+                        compute_.empty() ? Tensor() : compute_[i]});
   }
   dev_.adamw_multi(segments, p);  // one launch per batch of tensors on CUDA (multi-tensor apply)
 }
@@ -57,13 +76,9 @@ double grad_norm(Device& dev, GradientSync& sync, Communicator* tp, std::vector<
   return std::sqrt(s);
 }
 
-double clip_grad_norm(Device& dev, const std::vector<LocalShard>& shards, double norm, double max_norm) {
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
-  const double s = max_norm / (norm + 1e-6);
-  if (s >= 1.0) return 1.0;
-  for (const LocalShard& ls : shards)
-    if (ls.grad.numel() > 0) dev.scale(ls.grad, float(s));
-  return s;
+  return std::min(1.0, max_norm / (norm + 1e-6));
 }
 
 }  // namespace meshtrain

@@ -20,8 +20,13 @@ class AdamW final : public Optimizer {
   /// The optimizer keeps a reference to `shards`: a temporary would dangle, so it does not compile.
   AdamW(std::vector<LocalShard>&& shards, Device& dev, const OptimizerSection& cfg) = delete;
   const std::string& name() const override;
-  /// One update with learning rate `lr` (already scheduled); increments the step count t.
-  void step(float lr) override;
+  /// One update with learning rate `lr` (already scheduled), gradients read times `grad_scale`
+  /// (clip_coefficient), as one multi-tensor pass (Device::adamw_multi) that also writes the
+  /// compute copies given to write_compute_copies; increments the step count t.
+  void step(float lr, float grad_scale) override;
+  /// Keeps `copies` (one per shard, undefined where none) for every later step. Returns true.
+  /// @throws std::invalid_argument as Optimizer::write_compute_copies.
+  bool write_compute_copies(const std::vector<Tensor>& copies) override;
   int64_t step_count() const override { return t_; }
   /// Restores the step count t of a checkpoint (bias corrections continue from it).
   void set_step_count(int64_t t) override { t_ = t; }
@@ -39,6 +44,7 @@ class AdamW final : public Optimizer {
   OptimizerSection cfg_;
   std::vector<int64_t> offsets_;
   Tensor m_, v_;
+  std::vector<Tensor> compute_;  // per shard: the bf16 compute copy written by step, or undefined
   int64_t t_ = 0;
 };
 
@@ -52,8 +58,10 @@ class AdamW final : public Optimizer {
 double grad_norm(Device& dev, GradientSync& sync, Communicator* tp = nullptr, std::vector<double>* each = nullptr,
                  Communicator* pp = nullptr);
 
-/// Scales all local gradient shards by min(1, max_norm / (norm + 1e-6)) (Pascanu et al. 2013),
-/// as torch.nn.utils.clip_grad_norm_. No-op when max_norm <= 0. Returns the scale applied.
-double clip_grad_norm(Device& dev, const std::vector<LocalShard>& shards, double norm, double max_norm);
+/// Global-norm gradient clipping's coefficient (Pascanu et al. 2013, as
+/// torch.nn.utils.clip_grad_norm_): min(1, max_norm / (norm + 1e-6)) for the global L2 `norm`
+/// (grad_norm); 1 when max_norm <= 0 (clipping off). The optimizer applies it as it reads the
+/// gradients (Optimizer::step's grad_scale). Throws nothing.
+double clip_coefficient(double norm, double max_norm);
 
 }  // namespace meshtrain

@@ -205,12 +205,15 @@ std::vector<Tensor> Muon::state_of(size_t shard) const {
   return adam_->state_of(size_t(adam_index_[shard]));
 }
 
-void Muon::step(float lr) {
+void Muon::step(float lr, float grad_scale) {
   ++t_;
   // The AdamW group, at its own base rate scaled by the same schedule.
   const double adam_lr = cfg_.adamw_lr.value_or(cfg_.lr);
-  adam_->step(cfg_.lr > 0 ? float(double(lr) * adam_lr / cfg_.lr) : lr);
+  adam_->step(cfg_.lr > 0 ? float(double(lr) * adam_lr / cfg_.lr) : lr, grad_scale);
   if (matrices_.empty()) return;
+  if (grad_scale != 1.0f)
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (mom_offset_[i] >= 0 && shards_[i].grad.numel() > 0) dev_.scale(shards_[i].grad, grad_scale);
   Exchange& x = *ex_;
   const float mu = float(cfg_.muon_momentum);
   // Momentum and the (Nesterov) direction U, both sharded like the gradients.

@@ -55,9 +55,11 @@ class Muon final : public Optimizer {
   Muon(std::vector<LocalShard>&& shards, Device& dev, const OptimizerSection& cfg, MuonComms comms) = delete;
   ~Muon() override;
   const std::string& name() const override;
-  /// One Muon + AdamW update at the scheduled `lr` (see the file comment). Collective over the
-  /// shard groups and tp when they have more than one rank. @throws CommError.
-  void step(float lr) override;
+  /// One Muon + AdamW update at the scheduled `lr` (see the file comment), gradients times
+  /// `grad_scale` (the AdamW group reads them scaled; the Muon matrices' gradients are scaled in
+  /// place first, as clipping did). Collective over the shard groups and tp when they have more
+  /// than one rank. @throws CommError.
+  void step(float lr, float grad_scale) override;
   int64_t step_count() const override { return t_; }
   void set_step_count(int64_t t) override;
   /// {"momentum_buffer"} for Muon matrices, AdamW's {"exp_avg", "exp_avg_sq"} otherwise.

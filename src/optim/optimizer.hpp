@@ -20,10 +20,22 @@ class Optimizer {
   /// "AdamW" or "Muon" ([optimizer] name), recorded in checkpoints: resuming under another
   /// optimizer is refused (the state means something else).
   virtual const std::string& name() const = 0;
-  /// One update of every local shard with the scheduled learning rate `lr` of the step; the
-  /// gradients are final (reduced, clipped). Collective for optimizers that exchange
+  /// One update of every local shard with the scheduled learning rate `lr` of the step. The
+  /// gradients are final (reduced) and are read times `grad_scale`, global-norm clipping's
+  /// coefficient (clip_coefficient, optim/adamw.hpp; 1 = as they are): the same values as
+  /// scaling them first, without a pass over them. Collective for optimizers that exchange
   /// parameters (Muon under FSDP or tp). @throws CommError.
-  virtual void step(float lr) = 0;
+  virtual void step(float lr, float grad_scale) = 0;
+  /// Asks the optimizer to write, in each later step, local shard i's updated values rounded to
+  /// nearest even into copies[i] (bf16, the shard's numel; undefined: none): the mixed-precision
+  /// compute copies, produced by the update's own pass instead of a cast pass that reads the
+  /// master weights again. Returns whether it will; false leaves the copies to the caller (Muon,
+  /// whose matrices' updates come back from an exchange). @throws std::invalid_argument when
+  /// copies does not have one entry per shard or an entry is not bf16 of its shard's numel.
+  virtual bool write_compute_copies(const std::vector<Tensor>& copies) {
+    (void)copies;
+    return false;
+  }
   /// Steps taken (AdamW's t, which its bias corrections use); restored on resume.
   virtual int64_t step_count() const = 0;
   virtual void set_step_count(int64_t t) = 0;

@@ -339,6 +339,21 @@ void Trainer::build_model() {
   } else {
     opt_ = std::make_unique<AdamW>(sync_->local_shards(), dev, cfg_.optimizer);
   }
+  {
+    // A shard that is its whole parameter (replicated: DDP, tp, one rank) can have its bf16
+    // compute copy written by the optimizer's own pass; sharded values are gathered instead.
+    const std::vector<LocalShard>& shards = sync_->local_shards();
+    std::vector<Tensor> copies(shards.size());
+    std::vector<Parameter*> written;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const LocalShard& s = shards[i];
+      const bool whole = s.first_elem == 0 && s.param->value.defined() && s.value.raw() == s.param->value.raw() &&
+                         s.value.numel() == s.param->value.numel();
+      if (whole) copies[i] = model_->held_compute_copy(*s.param);
+      if (copies[i].defined()) written.push_back(s.param);
+    }
+    if (!written.empty() && opt_->write_compute_copies(copies)) optimizer_written_copies_ = std::move(written);
+  }
   lr_schedule_ = std::make_unique<LrSchedule>(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.steps);
   guard_ = std::make_unique<NonFiniteGuard>(*model_, sync_->local_shards(), cfg_.training.skip_nonfinite_steps);
 
@@ -570,9 +585,9 @@ StepResult Trainer::train_step(int64_t step) {
   r.lr = lr_schedule_->lr(step);
   if (r.applied) {
     trace::Span span("optimizer", "optimizer");
-    clip_grad_norm(dev, sync.local_shards(), r.grad_norm, cfg_.training.max_norm);
-    opt_->step(float(r.lr));
-    model_->params_changed();  // bf16 compute copies are recast before their next use
+    opt_->step(float(r.lr), float(clip_coefficient(r.grad_norm, cfg_.training.max_norm)));
+    model_->params_changed();  // bf16 compute copies are recast before their next use ...
+    model_->compute_written(optimizer_written_copies_);  // ... except those the step wrote
     last_lr_ = r.lr;
   } else {
     if (rank0_) log::warn(check.message);

@@ -174,6 +174,9 @@ class Trainer {
   std::vector<std::unique_ptr<Executor>> execs_;  // one per stage on this rank (one without pp)
   std::unique_ptr<MixedPrecisionHooks> hooks_;
   std::unique_ptr<Optimizer> opt_;  ///< AdamW or Muon ([optimizer] name)
+  /// Parameters whose bf16 compute copies the optimizer writes in its step (mixed precision,
+  /// replicated parameters, AdamW): current after a step, not recast before their next use.
+  std::vector<Parameter*> optimizer_written_copies_;
   std::unique_ptr<LrSchedule> lr_schedule_;
   std::unique_ptr<StepSchedule> schedule_;
   std::unique_ptr<NonFiniteGuard> guard_;

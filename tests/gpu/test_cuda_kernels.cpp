@@ -441,33 +441,43 @@ BOOST_AUTO_TEST_CASE(sum_squares_matches_cpu_and_is_deterministic) {
 
 BOOST_AUTO_TEST_CASE(adamw_multi_matches_cpu_per_segment) {
   // 53 segments (three launches of at most 24), sizes from 1 to 300k, every fourth misaligned
-  // (the scalar pass), weight decay alternating, two steps; CPU: adamw() per segment.
+  // (the scalar pass), weight decay alternating, two steps, the second with a gradient scale
+  // (clipping's coefficient); CPU: adamw() per segment. Every third segment also has its bf16
+  // compute copy written by the step (some of them 2-byte aligned only, which sends the segment
+  // to the scalar pass): bitwise what cast() makes of the updated param.
   uint64_t seed = 1150;
   struct Seg {
     Pair w, g, m, v;
     float wd;
+    Tensor compute;
   };
   std::vector<Seg> segs;
   for (int i = 0; i < 53; ++i) {
     const int64_t n = i == 0 ? 1 : (i * 5711) % 300007 + 3;
     const int64_t off = i % 4 == 3 ? 1 : 0;
     Seg s{offset_pair({n}, DType::kF32, ++seed, off), offset_pair({n}, DType::kF32, ++seed, off, 0.01f),
-          offset_pair({n}, DType::kF32, ++seed, off, 0.01f), Pair{}, i % 2 ? 0.1f : 0.0f};
+          offset_pair({n}, DType::kF32, ++seed, off, 0.01f), Pair{}, i % 2 ? 0.1f : 0.0f, Tensor()};
     std::vector<float> v0 = randn(n, ++seed, 1e-4f);
     for (float& x : v0) x = std::fabs(x);
     s.v = make_pair({n}, DType::kF32, v0);
+    if (i % 3 == 0) {
+      const int64_t coff = i % 6 == 3 ? 1 : 0;
+      s.compute = gpu().empty({n + coff}, DType::kBF16, kTmp).view({n}, coff);
+      poison(s.compute);
+    }
     segs.push_back(std::move(s));
   }
   AdamWParams p;
   p.lr = 1e-3f, p.beta1 = 0.9f, p.beta2 = 0.95f, p.eps = 1e-8f;
   for (int64_t step = 1; step <= 2; ++step) {
     p.step = step;
+    p.grad_scale = step == 1 ? 1.0f : 0.61f;
     std::vector<AdamWSegment> gpu_segs;
     for (Seg& s : segs) {
       AdamWParams q = p;
       q.weight_decay = s.wd;
       cpu().adamw(s.w.c, s.g.c, s.m.c, s.v.c, q);
-      gpu_segs.push_back({s.w.g, s.g.g, s.m.g, s.v.g, s.wd});
+      gpu_segs.push_back({s.w.g, s.g.g, s.m.g, s.v.g, s.wd, s.compute});
     }
     gpu().adamw_multi(gpu_segs, p);
   }
@@ -476,7 +486,17 @@ BOOST_AUTO_TEST_CASE(adamw_multi_matches_cpu_per_segment) {
     expect_close(segs[i].w, DType::kF32, what + " param");
     expect_close(segs[i].m, DType::kF32, what + " exp_avg");
     expect_close(segs[i].v, DType::kF32, what + " exp_avg_sq");
+    if (!segs[i].compute.defined()) continue;
+    Tensor cast = gpu().empty({segs[i].w.g.numel()}, DType::kBF16, kTmp);
+    gpu().cast(cast, segs[i].w.g);
+    BOOST_CHECK_MESSAGE(same_bytes(segs[i].compute, cast), what << " compute copy differs from cast(param)");
   }
+  // A compute copy must be bf16 of the param's numel.
+  Seg& s0 = segs[1];
+  const int64_t n1 = s0.w.g.numel();
+  for (const Tensor& bad : {gpu().empty({n1}, DType::kF32, kTmp), gpu().empty({n1 + 1}, DType::kBF16, kTmp)})
+    BOOST_CHECK_THROW(gpu().adamw_multi({AdamWSegment{s0.w.g, s0.g.g, s0.m.g, s0.v.g, 0.0f, bad}}, p),
+                      std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(sum_squares_multi_matches_cpu) {

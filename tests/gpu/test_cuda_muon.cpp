@@ -44,7 +44,7 @@ After two_steps(Device& dev, const ModelArgs& a) {
   for (int step = 1; step <= 2; ++step) {
     for (size_t i = 0; i < shards.size(); ++i)
       set_values(dev, shards[i].grad, randn(shards[i].grad.numel(), uint64_t(step * 1000 + int(i)), 0.1f));
-    opt.step(step == 1 ? 0.02f : 0.015f);
+    opt.step(step == 1 ? 0.02f : 0.015f, 1.0f);
   }
   After r;
   for (size_t i = 0; i < shards.size(); ++i) {

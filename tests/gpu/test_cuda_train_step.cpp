@@ -93,7 +93,21 @@ StepResult one_step(Device& dev, const ModelArgs& args, DType compute, const std
   oc.weight_decay = 0.1;
   const std::vector<LocalShard> shards = replicated_shards(model);  // AdamW keeps a reference
   AdamW opt(shards, dev, oc);
-  opt.step(float(kLr));
+  // Mixed precision: the step writes the bf16 compute copies (as the trainer has it do); each
+  // must hold exactly what a cast of the updated master gives.
+  std::vector<Tensor> copies;
+  for (const LocalShard& s : shards) copies.push_back(model.held_compute_copy(*s.param));
+  opt.write_compute_copies(copies);
+  opt.step(float(kLr), 1.0f);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (!copies[i].defined()) continue;
+    Tensor cast = dev.empty({copies[i].numel()}, DType::kBF16, MemCategory::kTemporaries);
+    dev.cast(cast, shards[i].value);
+    std::vector<uint16_t> have(size_t(cast.numel())), want(size_t(cast.numel()));
+    dev.download(have.data(), copies[i], have.size() * 2);
+    dev.download(want.data(), cast, want.size() * 2);
+    BOOST_CHECK_MESSAGE(have == want, shards[i].param->name << ": the compute copy AdamW wrote differs from cast()");
+  }
   model.params_changed();
   for (Parameter* p : model.parameters()) r.values.push_back(host_values(dev, p->value));
   return r;

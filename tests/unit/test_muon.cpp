@@ -112,7 +112,7 @@ BOOST_AUTO_TEST_CASE(single_rank_step_matches_the_formula) {
   std::vector<float> w0(w->value.f32(), w->value.f32() + rows * cols);
   const auto shards = replicated_shards(model);
   Muon opt(shards, *dev, cfg, MuonComms{});
-  opt.step(lr);
+  opt.step(lr, 1.0f);
   const double scale = 0.2 * std::sqrt(double(std::max(rows, cols)));
   double err = 0;
   for (int64_t i = 0; i < rows * cols; ++i)

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
       for (int64_t k = 0; k < g.numel(); ++k) g.f32()[k] = 0.1f * noise(uint64_t(step * 1000 + int(i)), uint64_t(k));
       write(out + "/" + shards[i].param->name + ".g" + std::to_string(step), g);
     }
-    opt.step(lrs[size_t(step - 1)]);
+    opt.step(lrs[size_t(step - 1)], 1.0f);
     for (const LocalShard& s : shards) write(out + "/" + s.param->name + ".p" + std::to_string(step), s.value);
   }
   for (size_t i = 0; i < shards.size(); ++i) write(out + "/" + shards[i].param->name + ".state", opt.state_of(i).front());

@@ -29,10 +29,10 @@ void CpuDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& exp
   const float bc1 = 1.0f - std::pow(p.beta1, float(p.step));
   const float bc2 = 1.0f - std::pow(p.beta2, float(p.step));
   const float step_size = p.lr / bc1, inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  const float decay = 1.0f - p.lr * p.weight_decay, b1 = p.beta1, b2 = p.beta2, eps = p.eps;
+  const float decay = 1.0f - p.lr * p.weight_decay, b1 = p.beta1, b2 = p.beta2, eps = p.eps, gs = p.grad_scale;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    const float gi = g[i] * gs;
     const float mi = b1 * m[i] + (1.0f - b1) * gi;
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;

@@ -16,7 +16,7 @@ namespace meshtrain {
 namespace {
 using namespace cuda;
 
-constexpr int kBatch = 24;  // tensors per launch: at most 24 × 44 bytes of kernel arguments
+constexpr int kBatch = 24;  // tensors per launch: at most 24 × 52 bytes of kernel arguments
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocksX = 512;
 
@@ -25,16 +25,19 @@ struct AdamWBatch {
   const float* g[kBatch];
   float* m[kBatch];
   float* v[kBatch];
+  bf16* c[kBatch];  // compute copies (nullptr: none)
   int64_t n[kBatch];
   float decay[kBatch];
 };
 
-/// AdamW on tensor blockIdx.y of the batch; every pointer 16-byte aligned when VEC = 4.
+/// AdamW on tensor blockIdx.y of the batch (gradients read times grad_scale; the compute copy
+/// written where set); when VEC = 4 the f32 pointers are 16-byte and the copies 8-byte aligned.
 template <int VEC>
 __global__ void __launch_bounds__(kThreads) adamw_multi_kernel(AdamWBatch b, float step_size, float inv_sqrt_bc2,
-                                                               float b1, float b2, float eps) {
+                                                               float b1, float b2, float eps, float grad_scale) {
   const int t = blockIdx.y;
-  const AdamWOp op{b.w[t], b.g[t], b.m[t], b.v[t], b.decay[t], step_size, inv_sqrt_bc2, b1, b2, eps};
+  const AdamWOp op{b.w[t], b.g[t], b.m[t], b.v[t], b.decay[t], step_size, inv_sqrt_bc2,
+                   b1, b2, eps, grad_scale, b.c[t]};
   const int64_t n = b.n[t], nv = n / VEC;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -76,8 +79,10 @@ int64_t blocks_for(int64_t elems) { return std::clamp<int64_t>(ceil_div(elems, k
 }  // namespace
 
 /// One AdamW step on every segment: batches of up to kBatch tensors per launch, the segments
-/// whose four pointers are 16-byte aligned through float4, the others element by element.
-/// Bias corrections as adamw() (and the CPU). @throws std::invalid_argument on dtype or numel.
+/// whose four f32 pointers are 16-byte aligned (and compute copy 8-byte aligned) through float4,
+/// the others element by element; each segment's bf16 compute copy, when given, is written in the
+/// same pass (the cast that would follow the step, without reading the param again). Bias
+/// corrections as adamw() (and the CPU). @throws std::invalid_argument on dtype or numel.
 void CudaDevice::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) {
   constexpr const char* k = "adamw_multi";
   const float bc1 = 1.0f - std::pow(p.beta1, float(p.step));
@@ -91,9 +96,11 @@ void CudaDevice::adamw_multi(const std::vector<AdamWSegment>& segments, const Ad
       if (count == 0) return;
       const dim3 grid(unsigned(blocks_for(ceil_div(max_n, vec))), unsigned(count));
       if (vec == 4)
-        adamw_multi_kernel<4><<<grid, kThreads, 0, compute_>>>(b, step_size, inv_sqrt_bc2, p.beta1, p.beta2, p.eps);
+        adamw_multi_kernel<4><<<grid, kThreads, 0, compute_>>>(b, step_size, inv_sqrt_bc2, p.beta1, p.beta2, p.eps,
+                                                               p.grad_scale);
       else
-        adamw_multi_kernel<1><<<grid, kThreads, 0, compute_>>>(b, step_size, inv_sqrt_bc2, p.beta1, p.beta2, p.eps);
+        adamw_multi_kernel<1><<<grid, kThreads, 0, compute_>>>(b, step_size, inv_sqrt_bc2, p.beta1, p.beta2, p.eps,
+                                                               p.grad_scale);
       MT_CUDA_LAUNCH("adamw_multi_kernel");
       count = 0;
       max_n = 0;
@@ -107,15 +114,21 @@ void CudaDevice::adamw_multi(const std::vector<AdamWSegment>& segments, const Ad
                 std::string(name) + " numel " + std::to_string(t->numel()) + " vs param " +
                     std::to_string(s.param.numel()));
       }
+      if (s.compute.defined()) {
+        require_dtype(s.compute, DType::kBF16, k, "compute");
+        require(s.compute.numel() == s.param.numel(), k,
+                "compute numel " + std::to_string(s.compute.numel()) + " vs param " + std::to_string(s.param.numel()));
+      }
       const int64_t n = s.param.numel();
       if (n == 0) continue;
       const bool aligned = aligned16(s.param.raw()) && aligned16(s.grad.raw()) && aligned16(s.exp_avg.raw()) &&
-                           aligned16(s.exp_avg_sq.raw());
+                           aligned16(s.exp_avg_sq.raw()) && (!s.compute.defined() || aligned_to(s.compute.raw(), 8));
       if (aligned != (vec == 4)) continue;  // the other pass takes it
       b.w[count] = s.param.f32();
       b.g[count] = s.grad.f32();
       b.m[count] = s.exp_avg.f32();
       b.v[count] = s.exp_avg_sq.f32();
+      b.c[count] = s.compute.defined() ? static_cast<bf16*>(s.compute.raw()) : nullptr;
       b.n[count] = n;
       b.decay[count] = 1.0f - p.lr * s.weight_decay;
       max_n = std::max(max_n, n);

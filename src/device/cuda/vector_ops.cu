@@ -117,8 +117,8 @@ T* ptr(const Tensor& t) {
 
 /// One AdamW step in place on flat f32 tensors of equal numel: param (master weights), grad,
 /// exp_avg, exp_avg_sq (AdamWParams: Loshchilov & Hutter 2019 / torch.optim.AdamW). The bias
-/// corrections are computed on the host exactly as the CPU backend does. One fused pass,
-/// float4 when all four are 16-byte aligned. @throws std::invalid_argument on dtypes or numel.
+/// corrections are computed on the host exactly as the CPU backend does; every gradient element
+/// is read times p.grad_scale. One fused pass, float4 when all four are 16-byte aligned. @throws std::invalid_argument on dtypes or numel.
 void CudaDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                        const AdamWParams& p) {
   constexpr const char* k = "adamw";
@@ -132,7 +132,7 @@ void CudaDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& ex
   const float bc1 = 1.0f - std::pow(p.beta1, float(p.step));
   const float bc2 = 1.0f - std::pow(p.beta2, float(p.step));
   const AdamWOp op{param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), 1.0f - p.lr * p.weight_decay,
-                   p.lr / bc1, 1.0f / std::sqrt(bc2), p.beta1, p.beta2, p.eps};
+                   p.lr / bc1, 1.0f / std::sqrt(bc2), p.beta1, p.beta2, p.eps, p.grad_scale};
   if (aligned16(op.w) && aligned16(op.g) && aligned16(op.m) && aligned16(op.v))
     launch_flat<4>(param.numel(), op, compute_, "adamw");
   else
