@@ -13,10 +13,15 @@
 #     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
 #                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks),
 #                Float8 tensorwise at FSDP 2 with the FP8 all-gather (FP8 GEMMs on the GPU)
+#     memcheck   compute-sanitizer memcheck over every kernel test program, whole (the
+#                training-step program split by test case), 6 at a time in the background from
+#                the end of `unit` while nccl and curves run; collected before `sanitizer`, each
+#                job cut at the budget's end. PASS = memcheck's "ERROR SUMMARY: 0 errors"
+#                (whatever the program's own assertions said: `unit` reports those)
 #     sanitizer  compute-sanitizer memcheck, only over the kernel test programs that failed
-#                above and only their failed test cases (nothing to do when all passed)
-#   memcheck  (BUDGET_S 290; for the minutes a window has left after first and second)
-#     memcheck   compute-sanitizer memcheck over every kernel test program, whole (100 s each)
+#                above and only their failed test cases (nothing to do when all passed, or when
+#                memcheck covered them)
+#   memcheck  (BUDGET_S 290; the memcheck step alone, in the foreground, for a window's spare minutes)
 #   second  (BUDGET_S 290, under the 5-minute mark)
 #     export     `meshtrain ckpt export` loaded by transformers (validation/
 #                check_export_transformers.py), loss against meshtrain's to 1e-5 in fp32
@@ -54,7 +59,7 @@ command=${2:-}
 usage() { echo "usage: OUT=DIR [DATA=tiny.h5] [CPU_REF=DIR] $0 BUNDLE.tar.gz first|second|memcheck|cpu-refs [STEP...]" >&2; exit 2; }
 [ -n "$tarball" ] && [ -f "$tarball" ] || usage
 case "$command" in
-  first) all_steps=(env unit nccl curves sanitizer); default_budget=300 ;;
+  first) all_steps=(env unit memcheck nccl curves sanitizer); default_budget=300 ;;
   second) all_steps=(export bench kernels); default_budget=290 ;;
   memcheck) all_steps=(memcheck); default_budget=290 ;;
   cpu-refs) all_steps=(refs); default_budget=3000 ;;
@@ -191,6 +196,68 @@ if wanted unit; then
   done
 fi
 
+# compute-sanitizer memcheck over every kernel test program in the background, 6 jobs at a time
+# (the machine's 16 cores also run the nccl and curves steps meanwhile), the slowest first:
+# test_cuda_train_step one job per test case (Boost's --list_content; the whole program when it
+# lists nothing), then the others whole. Each job ends by the budget's end less 25 s and leaves
+# logs/memcheck_NAME.log and $work/memcheck/NAME.rc ("RC SECONDS", or "notrun 0").
+memcheck_pid=
+memcheck_start() {
+  local jobs=$work/memcheck/jobs t c
+  mkdir -p "$work/memcheck"
+  : > "$jobs"
+  for c in $("$B/bin/test_cuda_train_step" --list_content 2>&1 | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)\*$/\1/p'); do
+    echo "test_cuda_train_step.$c test_cuda_train_step $c" >> "$jobs"
+  done
+  grep -q "^test_cuda_train_step\." "$jobs" || echo "test_cuda_train_step test_cuda_train_step" >> "$jobs"
+  for t in "${kernel_tests[@]}"; do
+    [ "$t" = test_cuda_train_step ] || echo "$t $t" >> "$jobs"
+  done
+  cat > "$work/memcheck/job.sh" <<'JOB'
+#!/usr/bin/env bash
+# job.sh DEADLINE BIN LOGS RCDIR NAME PROGRAM [CASE]: one memcheck job, ended by DEADLINE (epoch s).
+deadline=$1 bin=$2 logs=$3 rcdir=$4 name=$5 prog=$6 case=${7:-}
+t0=$(date +%s)
+limit=$((deadline - t0))
+if [ "$limit" -lt 10 ]; then echo "notrun 0" > "$rcdir/$name.rc"; exit 0; fi
+timeout --kill-after=10 "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/$prog" \
+  --report_level=short ${case:+--run_test=$case} > "$logs/memcheck_$name.log" 2>&1
+echo "$? $(($(date +%s) - t0))" > "$rcdir/$name.rc"
+JOB
+  local deadline=$(($(date +%s) + budget - SECONDS - 25))
+  awk -v d="$deadline" -v b="$B/bin" -v l="$logs" -v r="$work/memcheck" '{ print d, b, l, r, $0 }' "$jobs" |
+    xargs -P 6 -L 1 bash "$work/memcheck/job.sh" &
+  memcheck_pid=$!
+  note "memcheck: $(wc -l < "$jobs") jobs started in the background, 6 at a time"
+}
+# Waits for the background jobs (each already bounded by the budget) and reports one line each.
+memcheck_collect() {
+  [ -n "$memcheck_pid" ] || return
+  wait "$memcheck_pid"
+  local name prog rc secs errors
+  while read -r name prog _; do
+    read -r rc secs < "$work/memcheck/$name.rc" 2>/dev/null || { rc=missing; secs=0; }
+    errors=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$logs/memcheck_$name.log" 2>/dev/null | tail -n 1)
+    if [ "$rc" = notrun ]; then
+      failed=1
+      note "NOT RUN  memcheck_$name  (the ${budget} s budget is spent)"
+    elif [ "$rc" = 77 ]; then
+      note "SKIP  memcheck_$name  ($secs s)"
+    elif [ "$errors" = 0 ]; then
+      note "PASS  memcheck_$name  (0 errors, program rc=$rc, $secs s)"
+    else
+      failed=1
+      note "FAIL  memcheck_$name  rc=$rc$([ "$rc" = 124 ] && echo ' (time limit)') errors=${errors:-?}  ($secs s): tail of logs/memcheck_$name.log:"
+      tail -n 15 "$logs/memcheck_$name.log" 2>/dev/null | sed 's/^/      /' >> "$summary"
+    fi
+  done < "$work/memcheck/jobs"
+  memcheck_pid=
+}
+if wanted memcheck; then
+  memcheck_start
+  [ "$command" = memcheck ] && memcheck_collect
+fi
+
 if wanted nccl; then
   run_step nccl_mesh_smoke 45 mpirun -np 1 "$B/bin/nccl_mesh_smoke"
   run_step test_cuda_comm 90 mpirun -np 2 "$B/bin/test_cuda_comm" --log_level=test_suite --report_level=short
@@ -234,12 +301,18 @@ if wanted refs; then
   curves_each ref_curve
 fi
 
+memcheck_collect
 if wanted sanitizer; then
   # Only where a kernel test failed: its failed cases (Boost's 'error: in "CASE"' lines), or the
-  # whole program when it died without naming one.
+  # whole program when it died without naming one; not where memcheck covered the program.
   ran=0
   for t in "${kernel_tests[@]}"; do
     grep -q "^FAIL  $t " "$summary" || continue
+    # memcheck ran all of it (clean or not): nothing to add
+    if grep -qE "^(PASS|FAIL)  memcheck_$t[ .]" "$summary" &&
+      ! grep -qE "^NOT RUN  memcheck_$t[ .]|^FAIL  memcheck_$t[ .].*\(time limit\)" "$summary"; then
+      continue
+    fi
     cases=$(grep -o 'error: in "[^"]*"' "$logs/$t.log" 2>/dev/null | sed 's/^error: in "\(.*\)"$/\1/' | sort -u |
       paste -sd, -)
     run_step "sanitizer_$t" 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/bin/$t" \
@@ -249,13 +322,6 @@ if wanted sanitizer; then
   [ $ran -eq 1 ] || note "SKIP  sanitizer  (no kernel test failed)"
 fi
 
-if wanted memcheck; then
-  # compute-sanitizer memcheck over every kernel test program, whole, the kernels' own programs
-  # first (the training step launches the most kernels, so it comes last).
-  for t in "${kernel_tests[@]}"; do
-    run_step "memcheck_$t" 100 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/bin/$t" --report_level=short
-  done
-fi
 
 if wanted export; then
   run_step export 70 python3 "$root/validation/check_export_transformers.py" --meshtrain "$B/bin/meshtrain" \
