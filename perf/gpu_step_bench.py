@@ -27,7 +27,10 @@ tokens/s = local batch × seq_len / median step time; TFLOPS = tokens/s × FLOPs
 formula of meshtrain's metrics (`meshtrain model info --json`: 6·N_matmul +
 12·layers·heads·head_dim·seq_len, the tied output projection counted; src/config/model_args.cpp); MFU = TFLOPS / --peak-tflops (989:
 H100 and H200 SXM dense BF16 datasheet). Ratios are meshtrain / torch.compile and
-meshtrain / eager tokens/s. A benchmark, not a test: nothing asserts on time. Every external step
+meshtrain / eager tokens/s. On a GPU, each measured run (meshtrain's, PyTorch's) also records the
+GPU's SM clock, power and clock-event reasons while it was busy (perf/gpu_clocks.py, nvidia-smi):
+a step slower than its kernels' sum is either the host or the clocks, and this tells which.
+A benchmark, not a test: nothing asserts on time. Every external step
 that fails stops the run with its command and the end of its output.
 
 usage: python3 perf/gpu_step_bench.py [--build build] [--out OUT.json] [--batch N] [--steps 20]
@@ -57,6 +60,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_clocks import GpuClockSampler, describe as describe_clocks  # noqa: E402
+
 OOM_RE = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED",
                     re.IGNORECASE)
 SMOKE_OVERRIDES = ["--model.dim=64", "--model.n_layers=2", "--model.n_heads=4", "--model.n_kv_heads=2",
@@ -235,8 +241,9 @@ def timed_records(metrics_path, warmup):
     return recs
 
 
-def meshtrain_trial(mt, deck, batch, steps, warmup, work, env, timeout=None):
-    """One `meshtrain train` at local batch `batch`: status ok / oom with the timed metrics."""
+def meshtrain_trial(mt, deck, batch, steps, warmup, work, env, timeout=None, sample_clocks=False):
+    """One `meshtrain train` at local batch `batch`: status ok / oom with the timed metrics (and,
+    with sample_clocks, the GPU's clocks while it was busy: perf/gpu_clocks.py)."""
     name = f"meshtrain_b{batch}_s{steps}"
     dump = os.path.join(work, name)
     shutil.rmtree(dump, ignore_errors=True)
@@ -245,7 +252,8 @@ def meshtrain_trial(mt, deck, batch, steps, warmup, work, env, timeout=None):
     cmd = mt + ["train", "--deck", deck, f"--training.local_batch_size={batch}",
                 f"--training.global_batch_size={batch}", f"--training.steps={steps}", f"--job.dump_folder={dump}",
                 "--job.final_dump=false"]
-    rc, out = run(cmd, log=log, env=env, timeout=timeout)
+    with GpuClockSampler(sample_clocks) as clocks:
+        rc, out = run(cmd, log=log, env=env, timeout=timeout)
     if rc == 124:
         die(f"meshtrain train at local batch {batch} did not finish in {timeout} s (--trial-timeout); log {log}")
     metrics = os.path.join(dump, "metrics.jsonl")
@@ -272,7 +280,8 @@ def meshtrain_trial(mt, deck, batch, steps, warmup, work, env, timeout=None):
             "meshtrain_tflops_per_rank": statistics.median(r["tflops_per_rank"] for r in recs),
             "meshtrain_mfu": statistics.median(r["mfu"] for r in recs),
             "loss_last": recs[-1]["loss"],
-            "memory_peak_bytes_by_category": summary.get("memory_peak_bytes_by_category")}
+            "memory_peak_bytes_by_category": summary.get("memory_peak_bytes_by_category"),
+            "gpu_clocks": clocks.summary()}
 
 
 def find_nsys():
@@ -363,13 +372,16 @@ def torch_run(args, mode, batch, model_json, data_vocab, work, torch_device, pre
            "--data-vocab", str(data_vocab), "--json", out_json]
     if os.path.exists(out_json):
         os.remove(out_json)
-    rc, out = run(cmd, log=os.path.join(work, f"torch_{mode}_b{batch}.log"), timeout=args.trial_timeout)
+    with GpuClockSampler(torch_device == "cuda") as clocks:
+        rc, out = run(cmd, log=os.path.join(work, f"torch_{mode}_b{batch}.log"), timeout=args.trial_timeout)
     if rc == 124:
         return {"status": "error", "batch": batch, "error": f"did not finish in {args.trial_timeout} s (--trial-timeout)"}
     if rc != 0 or not os.path.exists(out_json):
         die(f"perf/torch_llama.py --mode {mode} failed (exit {rc}):\n  {' '.join(cmd)}\n{tail(out)}")
     with open(out_json) as f:
-        return json.load(f)
+        r = json.load(f)
+    r["gpu_clocks"] = clocks.summary()
+    return r
 
 
 def torch_best(args, mode, batch, model_json, data_vocab, work, torch_device, precision):
@@ -489,7 +501,8 @@ def main():
     if trials and not ok:
         die(f"meshtrain does not fit local batch {batches[0]} on this device: {trials[0].get('error', '')}")
     batch = args.batch or ok[-1]["batch"]
-    best = meshtrain_trial(mt, deck, batch, args.steps, args.warmup, work, env, args.trial_timeout)
+    best = meshtrain_trial(mt, deck, batch, args.steps, args.warmup, work, env, args.trial_timeout,
+                           sample_clocks=device == "cuda")
     if best["status"] != "ok":
         die(f"meshtrain at local batch {batch} ran out of memory: {best.get('error', '')}")
     best.update(rates(best["median_step_s"], best["batch"], args.seq_len, info["flops_per_token"], args.peak_tflops))
@@ -546,6 +559,10 @@ def main():
               f"{100 * r['mfu']:5.1f}% {gib(r.get('memory_peak_bytes')):>12}")
     for k, v in ratios.items():
         print(f"{k.replace('_over_', ' / ').replace('_', ' ')} tokens/s: {v:.2f}x")
+    if device == "cuda":  # a step slower than its kernels: clocks under sustained load, or host waits
+        for name, r in rows:
+            if r.get("status", "ok") == "ok":
+                print(f"GPU clocks while busy, {name}: {describe_clocks(r.get('gpu_clocks'))}")
     if trials:
         print(f"meshtrain batch search ({args.search_steps}-step probes): " + ", ".join(
             f"{t['batch']}: " + (f"{t['batch'] * args.seq_len / t['median_step_s']:.0f} tok/s, "
