@@ -11,7 +11,8 @@
 #                training step against the CPU backend)
 #     nccl       the single-rank NCCL mesh smoke, then test_cuda_comm (2 ranks sharing the GPU)
 #     curves     100-step bf16 loss curves against the CPU, tests/gpu/loss_curve.py:
-#                llama3_debug, qwen3_debug, MoE (llama3_debug with 8 experts, ep 2 on 2 ranks),
+#                llama3_debug, qwen3_debug, llama3_debug at FSDP 2 (2 ranks sharing the GPU),
+#                MoE (llama3_debug with 8 experts, ep 2 on 2 ranks),
 #                Float8 tensorwise at FSDP 2 with the FP8 all-gather (FP8 GEMMs on the GPU)
 #     memcheck   compute-sanitizer memcheck over every kernel test program, whole (the
 #                training-step program split by test case), 6 at a time in the background from
@@ -140,6 +141,10 @@ fi
 curves_each() {
   "$1" llama3_debug llama3_debug 1
   "$1" qwen3_debug qwen3_debug 1
+  # FSDP 2 on the two ranks sharing the GPU (host-staged MPI): bf16 parameter all-gathers and,
+  # on the GPU, bf16 gradient reduce-scatters; the issue's FSDP curve, dense, apart from MoE's.
+  "$1" llama3_debug_fsdp2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
+    cuda:--training.mixed_precision_reduce=bfloat16
   "$1" llama3_debug_moe_ep2 llama3_debug 2 --parallelism.data_parallel_shard_degree=2 \
     --parallelism.expert_parallel_degree=2 --model.num_experts=8 --model.top_k=2 --model.moe_inter_dim=128 \
     --model.n_dense_layers=1
@@ -169,7 +174,7 @@ if wanted curves; then
   mkdir -p "$work/refs"
   bg_ref_curve() {  # bg_ref_curve NAME DECK NP [OVERRIDES...]
     [ -n "${CPU_REF:-}" ] && [ -f "$CPU_REF/$1.jsonl" ] && return
-    # 3 threads a curve of one rank, 1 a rank at np 2: 10 of the 16 cores for the four, 6 left to
+    # 3 threads a curve of one rank, 1 a rank at np 2: 12 of the 16 cores for the five, 4 left to
     # the GPU steps' processes
     # shellcheck disable=SC2046
     OMP_NUM_THREADS=$(($3 == 1 ? 3 : 1)) timeout --kill-after=10 $((budget - SECONDS - 30)) \
