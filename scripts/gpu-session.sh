@@ -202,7 +202,8 @@ if wanted unit; then
 fi
 
 # compute-sanitizer memcheck over every kernel test program in the background, 6 jobs at a time
-# (the machine's 16 cores also run the nccl and curves steps meanwhile), the slowest first:
+# (2 while CPU reference curves run in the background; the machine's 16 cores also run the nccl
+# and curves steps meanwhile), the slowest first:
 # test_cuda_train_step one job per test case (Boost's --list_content; the whole program when it
 # lists nothing), then the others whole. Each job ends by the budget's end less 25 s and leaves
 # logs/memcheck_NAME.log and $work/memcheck/NAME.rc ("RC SECONDS", or "notrun 0").
@@ -229,11 +230,13 @@ timeout --kill-after=10 "$limit" compute-sanitizer --tool memcheck --error-exitc
   --report_level=short ${case:+--run_test=$case} > "$logs/memcheck_$name.log" 2>&1
 echo "$? $(($(date +%s) - t0))" > "$rcdir/$name.rc"
 JOB
-  local deadline=$(($(date +%s) + budget - SECONDS - 25))
+  local deadline=$(($(date +%s) + budget - SECONDS - 25)) parallel=6 pid
+  # CPU reference curves still running in the background hold 12 of the 16 cores: 2 jobs then.
+  for pid in "${bg_ref[@]}"; do kill -0 "$pid" 2>/dev/null && parallel=2; done
   awk -v d="$deadline" -v b="$B/bin" -v l="$logs" -v r="$work/memcheck" '{ print d, b, l, r, $0 }' "$jobs" |
-    xargs -P 6 -L 1 bash "$work/memcheck/job.sh" &
+    xargs -P "$parallel" -L 1 bash "$work/memcheck/job.sh" &
   memcheck_pid=$!
-  note "memcheck: $(wc -l < "$jobs") jobs started in the background, 6 at a time"
+  note "memcheck: $(wc -l < "$jobs") jobs started in the background, $parallel at a time"
 }
 # Waits for the background jobs (each already bounded by the budget) and reports one line each.
 memcheck_collect() {
