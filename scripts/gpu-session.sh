@@ -208,8 +208,15 @@ fi
 # lists nothing), then the others whole. Each job ends by the budget's end less 25 s and leaves
 # logs/memcheck_NAME.log and $work/memcheck/NAME.rc ("RC SECONDS", or "notrun 0").
 memcheck_pid=
+sanitizer_bin=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+  /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
 memcheck_start() {
   local jobs=$work/memcheck/jobs t c
+  if [ -z "$sanitizer_bin" ]; then
+    failed=1
+    note "NOT RUN  memcheck  (no compute-sanitizer on PATH or in /usr/local/cuda)"
+    return
+  fi
   mkdir -p "$work/memcheck"
   : > "$jobs"
   for c in $("$B/bin/test_cuda_train_step" --list_content 2>&1 | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)\*$/\1/p'); do
@@ -221,12 +228,15 @@ memcheck_start() {
   done
   cat > "$work/memcheck/job.sh" <<'JOB'
 #!/usr/bin/env bash
-# job.sh DEADLINE BIN LOGS RCDIR NAME PROGRAM [CASE]: one memcheck job, ended by DEADLINE (epoch s).
+# job.sh SANITIZER DEADLINE BIN LOGS RCDIR NAME PROGRAM [CASE]: one memcheck job, ended by
+# DEADLINE (epoch s).
+sanitizer=$1
+shift
 deadline=$1 bin=$2 logs=$3 rcdir=$4 name=$5 prog=$6 case=${7:-}
 t0=$(date +%s)
 limit=$((deadline - t0))
 if [ "$limit" -lt 10 ]; then echo "notrun 0" > "$rcdir/$name.rc"; exit 0; fi
-timeout --kill-after=10 "$limit" compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/$prog" \
+timeout --kill-after=10 "$limit" "$sanitizer" --tool memcheck --error-exitcode 1 "$bin/$prog" \
   --report_level=short ${case:+--run_test=$case} > "$logs/memcheck_$name.log" 2>&1
 echo "$? $(($(date +%s) - t0))" > "$rcdir/$name.rc"
 JOB
@@ -234,7 +244,7 @@ JOB
   # CPU reference curves still running in the background hold 12 of the 16 cores: 2 jobs then.
   for pid in "${bg_ref[@]}"; do kill -0 "$pid" 2>/dev/null && parallel=2; done
   awk -v d="$deadline" -v b="$B/bin" -v l="$logs" -v r="$work/memcheck" '{ print d, b, l, r, $0 }' "$jobs" |
-    xargs -P "$parallel" -L 1 bash "$work/memcheck/job.sh" &
+    xargs -P "$parallel" -L 1 bash "$work/memcheck/job.sh" "$sanitizer_bin" &
   memcheck_pid=$!
   note "memcheck: $(wc -l < "$jobs") jobs started in the background, $parallel at a time"
 }
@@ -323,7 +333,7 @@ if wanted sanitizer; then
     fi
     cases=$(grep -o 'error: in "[^"]*"' "$logs/$t.log" 2>/dev/null | sed 's/^error: in "\(.*\)"$/\1/' | sort -u |
       paste -sd, -)
-    run_step "sanitizer_$t" 120 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/bin/$t" \
+    run_step "sanitizer_$t" 120 "${sanitizer_bin:-compute-sanitizer}" --tool memcheck --error-exitcode 1 "$B/bin/$t" \
       --report_level=short ${cases:+--run_test=$cases}
     ran=1
   done
