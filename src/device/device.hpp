@@ -335,6 +335,12 @@ class Device {
                                    std::vector<double>* each = nullptr);
   /// x *= alpha.
   virtual void scale(const Tensor& x, float alpha) = 0;
+  /// x ← x · float(1 / (‖x‖₂ + eps)), ‖x‖₂ = sqrt(sum_squares(x)) in fp64: the normalization
+  /// before Newton–Schulz (optim/newton_schulz.cpp, Muon). The default reads the norm on the
+  /// host (sum_squares, then scale); CUDA keeps it on the device, so no synchronization, with the
+  /// same bits as its own sum_squares + scale. f32 or bf16 x. @throws std::invalid_argument on
+  /// dtype.
+  virtual void scale_to_unit_norm(const Tensor& x, double eps);
   /// y += alpha · x (equal numel).
   virtual void add(const Tensor& y, const Tensor& x, float alpha) = 0;
   /// dst = src (equal numel and dtype).

@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -37,6 +38,12 @@ void Device::adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWP
     adamw(s.param, s.grad, s.exp_avg, s.exp_avg_sq, q);
     if (s.compute.defined()) cast(s.compute, s.param);
   }
+}
+
+void Device::scale_to_unit_norm(const Tensor& x, double eps) {
+  if (x.numel() == 0) return;
+  const double norm = std::sqrt(sum_squares(x));
+  scale(x, float(1.0 / (norm + eps)));
 }
 
 double Device::sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,

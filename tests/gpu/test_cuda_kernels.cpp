@@ -439,6 +439,26 @@ BOOST_AUTO_TEST_CASE(sum_squares_matches_cpu_and_is_deterministic) {
     }
 }
 
+BOOST_AUTO_TEST_CASE(scale_to_unit_norm_matches_cpu_and_the_synchronizing_path) {
+  // The norm stays on the device (Muon's Newton–Schulz normalization): the CPU's result within
+  // f32 rounding, and the bits of the GPU's own sum_squares + scale, which read it on the host.
+  uint64_t seed = 1270;
+  for (DType dt : kDtypes)
+    for (int64_t n : {int64_t(1), int64_t(37), int64_t(4096), int64_t((1 << 20) + 3)})
+      for (int64_t off : {0, 1}) {
+        const std::string what = "scale_to_unit_norm n=" + std::to_string(n) + (off ? " misaligned" : "");
+        Pair x = offset_pair({n}, dt, ++seed, off, 3.0f);
+        const Tensor by_host = gpu_clone(x.g);
+        gpu().scale(by_host, float(1.0 / (std::sqrt(gpu().sum_squares(by_host)) + 1e-7)));
+        cpu().scale_to_unit_norm(x.c, 1e-7);
+        gpu().scale_to_unit_norm(x.g, 1e-7);
+        expect_close(x, dt, what);
+        BOOST_CHECK_MESSAGE(same_bytes(x.g, by_host), what << " [" << dtype_name(dt) << "]: differs from sum_squares + scale");
+      }
+  Tensor i = gpu().empty({4}, DType::kI32, kTmp);
+  BOOST_CHECK_THROW(gpu().scale_to_unit_norm(i, 1e-7), std::invalid_argument);
+}
+
 BOOST_AUTO_TEST_CASE(adamw_multi_matches_cpu_per_segment) {
   // 53 segments (three launches of at most 24), sizes from 1 to 300k, every fourth misaligned
   // (the scalar pass), weight decay alternating, two steps, the second with a gradient scale

@@ -240,3 +240,17 @@ BOOST_AUTO_TEST_CASE(reductions_do_not_depend_on_thread_count) {
   const double s2 = d2.sum_squares(x1);
   BOOST_TEST(s1 == s2);  // bitwise: fixed blocks summed in a fixed order
 }
+
+BOOST_AUTO_TEST_CASE(scale_to_unit_norm_is_sum_squares_then_scale) {
+  // Newton–Schulz's normalization (Muon): the norm, eps added, as one device call.
+  CpuDevice d(2);
+  Tensor x = randn(d, {1031}, 7);
+  std::vector<float> want(x.f32(), x.f32() + x.numel());
+  const float factor = float(1.0 / (std::sqrt(d.sum_squares(x)) + 1e-7));
+  for (float& v : want) v *= factor;
+  d.scale_to_unit_norm(x, 1e-7);
+  BOOST_TEST(std::memcmp(x.f32(), want.data(), want.size() * sizeof(float)) == 0);
+  BOOST_TEST(std::fabs(std::sqrt(d.sum_squares(x)) - 1.0) < 1e-6);
+  Tensor empty = d.empty({0}, DType::kF32, MemCategory::kTemporaries);
+  d.scale_to_unit_norm(empty, 1e-7);  // nothing to scale
+}

@@ -187,6 +187,7 @@ class CudaDevice final : public Device {
              const AdamWParams& p) override;
   void adamw_multi(const std::vector<AdamWSegment>& segments, const AdamWParams& p) override;
   double sum_squares(const Tensor& x) override;
+  void scale_to_unit_norm(const Tensor& x, double eps) override;
   double sum_squares_multi(const std::vector<Tensor>& xs, const std::vector<double>& divisors,
                            std::vector<double>* each = nullptr) override;
   void scale(const Tensor& x, float alpha) override;
@@ -270,6 +271,9 @@ class CudaDevice final : public Device {
   /// are freed only after the compute stream drained, so kernels queued earlier never see a
   /// freed buffer. The pointers stay valid until the next call with a larger n.
   double* reduce_scratch(int64_t n);
+  /// Queues Σ x² (fp64; f32 or bf16 x, numel > 0) on the compute stream: per-block partials in
+  /// the reduce scratch, then their fixed-order sum; returns the device address of the total.
+  double* queue_sum_squares(const Tensor& x);
 
   /// A cached cuBLASLt matmul: descriptors of one exact problem and the algorithm it runs.
   struct MatmulPlan;

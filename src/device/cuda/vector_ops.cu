@@ -31,6 +31,26 @@ struct ScaleOp {
   }
 };
 
+/// x *= float(*scale): the factor read on the device (scale_to_unit_norm).
+template <class T>
+struct ScaleByDeviceOp {
+  T* x;
+  const double* scale;
+  template <int N>
+  __device__ __forceinline__ void apply(int64_t i) const {
+    const float alpha = float(*scale);
+    float v[N];
+    load_vec<T, N>(x + i, v);
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] *= alpha;
+    store_vec<T, N>(x + i, v);
+  }
+};
+
+/// s[0] = 1 / (sqrt(s[0]) + eps): a sum of squares into the unit-norm factor, in fp64 as the
+/// host would compute it (sqrt and division correctly rounded on both).
+__global__ void unit_norm_factor_kernel(double* s, double eps) { s[0] = 1.0 / (sqrt(s[0]) + eps); }
+
 /// y += alpha · x (f32 arithmetic, one rounding for bf16 y).
 template <class T>
 struct AddOp {
@@ -146,10 +166,18 @@ double CudaDevice::sum_squares(const Tensor& x) {
   constexpr const char* k = "sum_squares";
   require_defined(x, k, "x");
   require_float(x, k, "x");
+  if (x.numel() == 0) return 0.0;
+  const double* total = queue_sum_squares(x);
+  MT_CUDA(cudaMemcpyAsync(host_scratch_, total, sizeof(double), cudaMemcpyDeviceToHost, compute_));
+  MT_CUDA(cudaStreamSynchronize(compute_));
+  check_error_flag();
+  return host_scratch_[0];
+}
+
+double* CudaDevice::queue_sum_squares(const Tensor& x) {
   const int64_t n = x.numel();
-  if (n == 0) return 0.0;
   const bool vec = aligned16(x.raw());
-  double result = 0.0;
+  double* total = nullptr;
   MT_DISPATCH_FLOAT(x.dtype(), T, {
     constexpr int V = kVec<T>;
     const int64_t blocks = std::min(kSumSqMaxBlocks, ceil_div(vec ? ceil_div(n, V) : n, kSumSqThreads));
@@ -160,12 +188,31 @@ double CudaDevice::sum_squares(const Tensor& x) {
       sum_squares_kernel<T, 1><<<unsigned(blocks), kSumSqThreads, 0, compute_>>>(ptr<T>(x), n, scratch);
     MT_CUDA_LAUNCH("sum_squares_kernel");
     launch_sum_doubles(scratch, blocks, scratch + blocks, compute_);
-    MT_CUDA(cudaMemcpyAsync(host_scratch_, scratch + blocks, sizeof(double), cudaMemcpyDeviceToHost, compute_));
-    MT_CUDA(cudaStreamSynchronize(compute_));
-    check_error_flag();
-    result = host_scratch_[0];
+    total = scratch + blocks;
   });
-  return result;
+  return total;
+}
+
+/// x ← x · float(1 / (sqrt(Σ x²) + eps)) with the sum, the factor and the scaling all on the
+/// compute stream (queue_sum_squares, then one thread for the factor): the same bits as
+/// sum_squares + scale, without the host synchronization between them.
+/// @throws std::invalid_argument on dtype.
+void CudaDevice::scale_to_unit_norm(const Tensor& x, double eps) {
+  constexpr const char* k = "scale_to_unit_norm";
+  require_defined(x, k, "x");
+  require_float(x, k, "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  double* factor = queue_sum_squares(x);
+  unit_norm_factor_kernel<<<1, 1, 0, compute_>>>(factor, eps);
+  MT_CUDA_LAUNCH("unit_norm_factor_kernel");
+  MT_DISPATCH_FLOAT(x.dtype(), T, {
+    const ScaleByDeviceOp<T> op{ptr<T>(x), factor};
+    if (aligned16(op.x))
+      launch_flat<kVec<T>>(n, op, compute_, "scale_to_unit_norm");
+    else
+      launch_flat<1>(n, op, compute_, "scale_to_unit_norm");
+  });
 }
 
 /// x *= alpha in place (f32 or bf16). @throws std::invalid_argument on dtype.
