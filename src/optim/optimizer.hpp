@@ -29,9 +29,10 @@ class Optimizer {
   /// Asks the optimizer to write, in each later step, local shard i's updated values rounded to
   /// nearest even into copies[i] (bf16, the shard's numel; undefined: none): the mixed-precision
   /// compute copies, produced by the update's own pass instead of a cast pass that reads the
-  /// master weights again. Returns whether it will; false leaves the copies to the caller (Muon,
-  /// whose matrices' updates come back from an exchange). @throws std::invalid_argument when
-  /// copies does not have one entry per shard or an entry is not bf16 of its shard's numel.
+  /// master weights again. Returns whether it will; false (this default, and Muon, whose
+  /// matrices' updates come back from an exchange) leaves the copies to the caller and checks
+  /// nothing. An optimizer that accepts throws std::invalid_argument when copies does not have
+  /// one entry per shard or an entry is not bf16 of its shard's numel.
   virtual bool write_compute_copies(const std::vector<Tensor>& copies) {
     (void)copies;
     return false;
